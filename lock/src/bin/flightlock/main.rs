@@ -1,0 +1,170 @@
+//! `flightlock`: the lock from a shell, like `flock(1)` across machines.
+//!
+//! ```text
+//! flightlock create-table --table T
+//! flightlock run --table T --key K [--wait 0|DURATION|forever] [--lease D] -- CMD [ARGS...]
+//! flightlock status --table T --key K [--json]
+//! ```
+//!
+//! Endpoint, region and credentials come from the standard AWS SDK configuration
+//! (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_REGION`, profiles, ...); `--endpoint-url` overrides.
+
+mod run;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use flightlock::{ClockSkew, LockOptions, Wait};
+
+/// Exit status when the key stayed held for the whole wait (EX_TEMPFAIL).
+pub const EXIT_BUSY: u8 = 75;
+/// Exit status when the lock was lost while the command ran and the command itself succeeded.
+pub const EXIT_LOST: u8 = 70;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "flightlock",
+    version,
+    about = "A FIFO, fenced DynamoDB lock from the shell"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create the lock table (pk/sk, on-demand, TTL on expiresAt); a correct existing one is fine.
+    CreateTable {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Acquire KEY, run CMD while holding it, release, and exit with CMD's status.
+    Run(run::RunArgs),
+    /// Print KEY's queue: holder, waiters, stale rows.
+    Status(status::StatusArgs),
+}
+
+/// Where the table is.
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// Lock table name.
+    #[arg(long, env = "FLIGHTLOCK_TABLE")]
+    table: String,
+    /// DynamoDB endpoint (default: the AWS SDK's configuration, e.g. AWS_ENDPOINT_URL_DYNAMODB).
+    #[arg(long)]
+    endpoint_url: Option<String>,
+    /// AWS region (default: the AWS SDK's configuration).
+    #[arg(long)]
+    region: Option<String>,
+    /// Log level for flightlock's own messages on stderr (error, warn, info, debug, trace).
+    #[arg(long, env = "FLIGHTLOCK_LOG_LEVEL", default_value = "warn")]
+    log_level: String,
+}
+
+impl Conn {
+    async fn client(&self) -> aws_sdk_dynamodb::Client {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(region) = &self.region {
+            loader = loader.region(aws_config::Region::new(region.clone()));
+        }
+        if let Some(url) = &self.endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        aws_sdk_dynamodb::Client::new(&loader.load().await)
+    }
+}
+
+/// Lock options shared by commands that acquire.
+#[derive(Args, Debug, Clone)]
+pub struct LockArgs {
+    /// How long to wait: 0 (fail at once if held), a duration (500ms, 10s, 2m) or forever.
+    #[arg(long, default_value = "forever", value_parser = Wait::parse)]
+    wait: Wait,
+    /// Lease: how long the lock survives without a heartbeat.
+    #[arg(long, default_value = "20s", value_parser = flightlock::parse_duration)]
+    lease: std::time::Duration,
+    /// Heartbeat interval (default: a third of the lease).
+    #[arg(long, value_parser = flightlock::parse_duration)]
+    heartbeat: Option<std::time::Duration>,
+    /// Poll interval of the waiter next in line.
+    #[arg(long, default_value = "100ms", value_parser = flightlock::parse_duration)]
+    poll: std::time::Duration,
+    /// How far clocks may disagree, or `unbounded` for clock-free mode.
+    #[arg(long, default_value = "1s", value_parser = ClockSkew::parse)]
+    max_clock_skew: ClockSkew,
+}
+
+impl LockArgs {
+    fn options(&self) -> LockOptions {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "unknown".into());
+        let defaults = LockOptions::default();
+        LockOptions {
+            wait: self.wait,
+            lease: self.lease,
+            heartbeat: self.heartbeat,
+            poll: self.poll,
+            max_poll: defaults.max_poll.max(self.poll),
+            clock_skew: self.max_clock_skew,
+            holder: flightlock::HolderInfo {
+                host: Some(format!("{host}:{}", std::process::id())),
+                function: std::env::var("AWS_LAMBDA_FUNCTION_NAME").ok(),
+                request_id: None,
+            },
+            ..defaults
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(format!("flightlock={level}"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("flightlock=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CreateTable { conn } => {
+            init_logging(&conn.log_level);
+            create_table(&conn).await
+        }
+        Command::Run(args) => {
+            init_logging(&args.conn.log_level);
+            run::run(args).await
+        }
+        Command::Status(args) => {
+            init_logging(&args.conn.log_level);
+            status::status(args).await
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("flightlock: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn create_table(conn: &Conn) -> anyhow::Result<ExitCode> {
+    let client = conn.client().await;
+    match flightlock::table::create_table(&client, &conn.table).await? {
+        flightlock::table::Created::New => {
+            println!("created table {} (pk/sk, TTL on expiresAt)", conn.table)
+        }
+        flightlock::table::Created::Existing => {
+            println!("table {} already exists and is correct", conn.table)
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

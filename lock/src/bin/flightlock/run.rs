@@ -1,0 +1,143 @@
+//! `flightlock run`: acquire, run a command under the lock, release.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use flightlock::{Locker, ReleaseOutcome};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{Conn, LockArgs, EXIT_BUSY, EXIT_LOST};
+
+/// Arguments of `flightlock run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Lock key (1..=1024 bytes of UTF-8).
+    #[arg(long)]
+    key: String,
+    #[command(flatten)]
+    lock: LockArgs,
+    /// If the lock is lost while CMD runs, send CMD SIGTERM (then SIGKILL after 10 s).
+    #[arg(long)]
+    kill_on_lost: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let locker = Locker::new(args.conn.client().await, &args.conn.table);
+    let opts = args.lock.options();
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+
+    let acquired = tokio::select! {
+        r = locker.acquire(&args.key, &opts) => r,
+        _ = sigint.recv() => return interrupted(&locker, 130).await,
+        _ = sigterm.recv() => return interrupted(&locker, 143).await,
+    };
+    let guard = match acquired {
+        Ok(g) => g,
+        Err(e) if e.is_busy() => {
+            eprintln!("flightlock: {e}");
+            return Ok(ExitCode::from(EXIT_BUSY));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(key = %args.key, token = guard.token(), waited_ms = guard.waited().as_millis() as u64, "acquired");
+
+    let (program, rest) = args.command.split_first().context("no command given")?;
+    let mut child = match Command::new(program)
+        .args(rest)
+        .env("FLIGHTLOCK_TOKEN", guard.token().to_string())
+        .env("FLIGHTLOCK_KEY", &args.key)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = guard.release().await;
+            return Err(anyhow::anyhow!("could not start {program:?}: {e}"));
+        }
+    };
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .map(Pid::from_raw);
+    let send = |sig: Signal| {
+        if let Some(pid) = pid {
+            let _ = kill(pid, sig);
+        }
+    };
+
+    let mut lost = guard.lost_signal();
+    let mut lost_seen = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.context("waiting for the command")?,
+            reason = lost.wait(), if !lost_seen => {
+                lost_seen = true;
+                eprintln!("flightlock: LOCK LOST on key {:?} (token {}): {reason}; another holder may run now", args.key, guard.token());
+                if args.kill_on_lost {
+                    eprintln!("flightlock: sending SIGTERM to the command (--kill-on-lost)");
+                    send(Signal::SIGTERM);
+                    kill_at = Some(tokio::time::Instant::now() + Duration::from_secs(10));
+                }
+            }
+            _ = sleep_until_opt(kill_at) => {
+                send(Signal::SIGKILL);
+                kill_at = None;
+            }
+            _ = sigint.recv() => send(Signal::SIGINT),
+            _ = sigterm.recv() => send(Signal::SIGTERM),
+        }
+    };
+
+    let outcome = guard.release().await;
+    let lost = lost_seen || matches!(outcome, Ok(ReleaseOutcome::Lost));
+    if let Err(e) = &outcome {
+        eprintln!("flightlock: release failed: {e}; the lock will be passed over after its lease");
+    }
+    if lost && !lost_seen {
+        eprintln!(
+            "flightlock: LOCK LOST on key {:?}: the row was no longer ours at release",
+            args.key
+        );
+    }
+    let code = exit_code(&status);
+    Ok(ExitCode::from(if lost && code == 0 {
+        EXIT_LOST
+    } else {
+        code
+    }))
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Interrupted while waiting: the cancelled acquisition removes its row in the background; wait
+/// for that before exiting.
+async fn interrupted(locker: &Locker, code: u8) -> anyhow::Result<ExitCode> {
+    eprintln!("flightlock: interrupted while waiting; leaving the queue");
+    locker.flush().await;
+    Ok(ExitCode::from(code))
+}
+
+fn exit_code(status: &std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+        _ => 1,
+    }
+}

@@ -1,0 +1,64 @@
+//! `flightlock status`: print a key's queue.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use flightlock::{ClockSkew, EntryState, Locker};
+
+use crate::Conn;
+
+/// Arguments of `flightlock status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Lock key.
+    #[arg(long)]
+    key: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// How far clocks may disagree when judging stale rows.
+    #[arg(long, default_value = "1s", value_parser = ClockSkew::parse)]
+    max_clock_skew: ClockSkew,
+}
+
+pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let locker = Locker::new(args.conn.client().await, &args.conn.table);
+    let entries = locker.queue(&args.key, args.max_clock_skew).await?;
+    if args.json {
+        let out =
+            serde_json::json!({ "table": args.conn.table, "key": args.key, "queue": entries });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if entries.is_empty() {
+        println!("{}: free (no rows)", args.key);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("TICKET   STATE    OWNER                LEASE LEFT  HOLDER");
+    for e in entries {
+        let state = match e.state {
+            EntryState::Holding => "holding",
+            EntryState::Waiting => "waiting",
+            EntryState::Stale => "stale",
+        };
+        let who: Vec<String> = [
+            ("fn", &e.holder.function),
+            ("host", &e.holder.host),
+            ("req", &e.holder.request_id),
+        ]
+        .into_iter()
+        .filter_map(|(l, v)| v.as_ref().map(|v| format!("{l}={v}")))
+        .collect();
+        println!(
+            "{:<8} {:<8} {:<20} {:>9.1}s  {}",
+            e.ticket,
+            state,
+            e.owner,
+            e.lease_left_ms as f64 / 1000.0,
+            who.join(" ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,64 @@
+//! Clocks. Two kinds of time are used, and they are kept apart on purpose:
+//!
+//! - **wall time** (epoch ms) is written into rows (`leaseUntilMs`, `expiresAt`) and compared
+//!   with other machines' wall time, so it is only as good as clock agreement between them;
+//! - **monotonic time** ([`tokio::time::Instant`]) measures our own lease deadline and, in
+//!   clock-free mode, how long a row has stayed unchanged. It never jumps, and in tests it can be
+//!   paused and advanced.
+//!
+//! The clock is a seam: tests inject a [`SkewedClock`] to play a machine whose wall clock is off.
+
+use std::fmt::Debug;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+/// Source of wall and monotonic time.
+pub trait Clock: Send + Sync + Debug + 'static {
+    /// Wall-clock time, epoch milliseconds.
+    fn wall_ms(&self) -> i64;
+    /// Monotonic time.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// The system's clocks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn wall_ms(&self) -> i64 {
+        // A system clock before 1970 is a broken machine; treat it as the epoch rather than panic.
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    }
+}
+
+/// The system clock shifted by a fixed offset: a machine whose wall clock is wrong. Monotonic
+/// time is unaffected, as on a real machine.
+#[derive(Debug, Clone, Copy)]
+pub struct SkewedClock {
+    /// Milliseconds added to the system's wall clock (negative: behind).
+    pub offset_ms: i64,
+}
+
+impl Clock for SkewedClock {
+    fn wall_ms(&self) -> i64 {
+        SystemClock.wall_ms().saturating_add(self.offset_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skewed_clock_is_offset() {
+        let ahead = SkewedClock { offset_ms: 60_000 };
+        let diff = ahead.wall_ms() - SystemClock.wall_ms();
+        assert!((59_000..=60_000).contains(&diff), "{diff}");
+    }
+}

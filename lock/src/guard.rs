@@ -1,0 +1,155 @@
+//! The grant: a guard that carries the fencing token and the lost signal.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::Error;
+use crate::heartbeat::{LostReason, Membership, RowState};
+use crate::locker::Locker;
+use crate::store::Owned;
+
+/// A held lock. It heartbeats in the background until [`LockGuard::release`] (or drop, which
+/// releases in the background).
+///
+/// Pass [`LockGuard::token`] along with every write the critical section makes to another system,
+/// and have that system reject tokens lower than the highest it has seen: a holder that was
+/// paused past its lease then cannot overwrite the work of the next holder.
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    membership: Option<Membership>,
+    waited: Duration,
+    hints: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+/// What [`LockGuard::release`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReleaseOutcome {
+    /// Our row was still ours and is now deleted.
+    Released,
+    /// The lock had already been lost (the lost signal fired, or the row was no longer ours).
+    Lost,
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        membership: Membership,
+        waited: Duration,
+        hints: Arc<Mutex<HashMap<String, u64>>>,
+    ) -> Self {
+        LockGuard {
+            membership: Some(membership),
+            waited,
+            hints,
+        }
+    }
+
+    fn m(&self) -> &Membership {
+        // `membership` is only taken by `release`, which consumes the guard.
+        self.membership
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("guard used after release"))
+    }
+
+    /// The fencing token: the ticket, strictly increasing per key for the life of the table.
+    pub fn token(&self) -> u64 {
+        self.m().ticket
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.m().key
+    }
+
+    /// This acquisition's unique id (the row's `owner`).
+    pub fn owner(&self) -> &str {
+        &self.m().owner
+    }
+
+    /// How long the acquisition waited.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        match self.m().state() {
+            RowState::Lost(r) => Some(r),
+            RowState::Live(_) => None,
+        }
+    }
+
+    /// True once we can no longer be sure we hold the lock.
+    pub fn is_lost(&self) -> bool {
+        self.lost_reason().is_some()
+    }
+
+    /// A signal that can be awaited from another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal(self.m().subscribe())
+    }
+
+    /// Resolves when the lock is lost (never, if it is released first).
+    pub async fn lost(&self) -> LostReason {
+        self.lost_signal().wait().await
+    }
+
+    /// Stops the heartbeat, then deletes our row. Reports whether it was still ours.
+    pub async fn release(mut self) -> Result<ReleaseOutcome, Error> {
+        let Some(m) = self.membership.take() else {
+            return Ok(ReleaseOutcome::Lost);
+        };
+        let key = m.key.clone();
+        let ticket = m.ticket;
+        let result = m.leave().await;
+        // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
+        // were granted and cannot reappear, so if the counter still stands at `ticket` the queue
+        // is empty and the next acquire can skip its read.
+        let hint = matches!(result, Ok(Owned::Yes)).then_some(ticket);
+        Locker::remember(&self.hints, &key, hint);
+        match result? {
+            Owned::Yes => Ok(ReleaseOutcome::Released),
+            Owned::No => Ok(ReleaseOutcome::Lost),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(m) = &self.membership {
+            Locker::remember(&self.hints, &m.key, None);
+        }
+        // Dropping the membership stops the heartbeat and deletes the row in the background.
+    }
+}
+
+/// Awaitable lost signal of a [`LockGuard`]; clone it into other tasks.
+#[derive(Debug, Clone)]
+pub struct LostSignal(watch::Receiver<RowState>);
+
+impl LostSignal {
+    /// The reason, if the lock is lost already.
+    pub fn reason(&self) -> Option<LostReason> {
+        match *self.0.borrow() {
+            RowState::Lost(r) => Some(r),
+            RowState::Live(_) => None,
+        }
+    }
+
+    /// Resolves when the lock is lost. If the guard is released first, never resolves.
+    pub async fn wait(&mut self) -> LostReason {
+        loop {
+            if let Some(r) = self.reason() {
+                return r;
+            }
+            if self.0.changed().await.is_err() {
+                // The heartbeat task ended without losing the lock: it was released.
+                return std::future::pending().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! Keeping our queue row alive, and knowing the moment we can no longer be sure it is.
+//!
+//! A [`Membership`] is our row plus the background task that heartbeats it. It exists from the
+//! moment the row is written (a waiter's row must stay live too, or those behind it would pass
+//! it over) until the row is deleted. It owns its task: dropping it stops the heartbeat and
+//! removes the row in the background, so a cancelled acquisition or a forgotten guard never
+//! leaves a heartbeating row behind.
+//!
+//! **The lost signal.** The task keeps `valid_until`: `sent + lease`, where `sent` is the
+//! monotonic instant taken just before the last write that was *confirmed*. Others may call the
+//! row stale only after that point (see `liveness.rs`), so when `valid_until` passes without a
+//! confirmed renewal — or a renewal finds the row gone or not ours — the signal fires. It fires
+//! before anyone else can be granted the key. After it fires the task stops: no late heartbeat
+//! is ever sent past the deadline.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::liveness::backoff;
+use crate::store::{Beat, Failure, Owned, Store};
+
+/// Why a lock (or a place in the queue) was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LostReason {
+    /// No heartbeat could be confirmed before the lease ran out (DynamoDB unreachable, throttled,
+    /// or this process was paused).
+    LeaseExpired,
+    /// The row was deleted or taken over by someone else (passed over as dead, swept, deleted by
+    /// hand).
+    RowGone,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::LeaseExpired => "no heartbeat could be confirmed before the lease ran out",
+            LostReason::RowGone => "the lock row was removed or taken over by someone else",
+        })
+    }
+}
+
+/// The state published by the heartbeat task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowState {
+    /// Our row is ours until at least this instant.
+    Live(Instant),
+    /// We can no longer be sure.
+    Lost(LostReason),
+}
+
+/// Timing of one membership.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub lease: Duration,
+    pub interval: Duration,
+    pub grace: Duration,
+}
+
+/// A row just written by the enqueue transaction.
+pub(crate) struct Written<'a> {
+    pub key: &'a str,
+    pub ticket: u64,
+    pub owner: &'a str,
+    /// The queue was clear: the row holds the key from the start.
+    pub granted: bool,
+    /// Monotonic instant taken before the write was sent.
+    pub sent: Instant,
+}
+
+/// Our row and its heartbeat task.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    pub(crate) store: Store,
+    pub(crate) key: Arc<str>,
+    pub(crate) ticket: u64,
+    pub(crate) owner: Arc<str>,
+    state: watch::Receiver<RowState>,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    poke: Arc<Notify>,
+    granted: Arc<AtomicBool>,
+    left: bool,
+}
+
+impl Membership {
+    /// Starts heartbeating a row just written.
+    pub(crate) fn start(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        row: Written<'_>,
+        timing: Timing,
+    ) -> Membership {
+        let Written {
+            key,
+            ticket,
+            owner,
+            granted,
+            sent,
+        } = row;
+        let (tx, rx) = watch::channel(RowState::Live(sent + timing.lease));
+        let cancel = CancellationToken::new();
+        let poke = Arc::new(Notify::new());
+        let granted = Arc::new(AtomicBool::new(granted));
+        let key: Arc<str> = key.into();
+        let owner: Arc<str> = owner.into();
+        let task = tokio::spawn(
+            Heartbeat {
+                store: store.clone(),
+                key: key.clone(),
+                ticket,
+                owner: owner.clone(),
+                timing,
+                clock,
+                state: tx,
+                cancel: cancel.clone(),
+                poke: poke.clone(),
+                granted: granted.clone(),
+            }
+            .run(sent),
+        );
+        Membership {
+            store,
+            key,
+            ticket,
+            owner,
+            state: rx,
+            cancel,
+            task: Some(task),
+            poke,
+            granted,
+            left: false,
+        }
+    }
+
+    /// Marks the row granted and asks for a heartbeat now: it records `acquiredAtMs` and gives
+    /// the new holder a fresh lease.
+    pub(crate) fn mark_granted(&self) {
+        self.granted.store(true, Ordering::Release);
+        self.poke.notify_one();
+    }
+
+    pub(crate) fn state(&self) -> RowState {
+        *self.state.borrow()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<RowState> {
+        self.state.clone()
+    }
+
+    /// Stops the heartbeat and deletes the row. `Owned::No` means it was not ours any more.
+    pub(crate) async fn leave(mut self) -> Result<Owned, Error> {
+        self.left = true;
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            // The task exits at its next await point; an in-flight heartbeat is dropped and, if
+            // it still lands, fails its condition once the row is gone.
+            let _ = task.await;
+        }
+        if let RowState::Lost(_) = self.state() {
+            // Still try to delete: if the row is ours (e.g. the lease ran out while DynamoDB was
+            // unreachable) removing it hands the key on sooner.
+            return match delete_with_retry(&self.store, &self.key, self.ticket, &self.owner).await {
+                Ok(_) => Ok(Owned::No),
+                Err(e) => Err(e),
+            };
+        }
+        delete_with_retry(&self.store, &self.key, self.ticket, &self.owner).await
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        self.cancel.cancel();
+        // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
+        // the background if a runtime is still there; otherwise it goes stale after one lease.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (store, key, owner, ticket) = (
+                self.store.clone(),
+                self.key.clone(),
+                self.owner.clone(),
+                self.ticket,
+            );
+            let tracker = self.store.background().clone();
+            tracker.spawn_on(async move {
+                if let Err(e) = delete_with_retry(&store, &key, ticket, &owner).await {
+                    tracing::warn!(key = %key, ticket, error = %e, "background release failed; the row will be passed over after its lease");
+                }
+            }, &rt);
+        }
+    }
+}
+
+/// Deletes our row, retrying transient failures for a few seconds.
+///
+/// If an attempt fails ambiguously (its response lost) and a later one finds the row gone, the
+/// earlier attempt deleted it: that is `Owned::Yes`. (The alternative — someone else deleted
+/// our row in the few milliseconds between — needs our lease to have run out in between, which
+/// the caller's lost signal reports on its own.)
+pub(crate) async fn delete_with_retry(
+    store: &Store,
+    key: &str,
+    ticket: u64,
+    owner: &str,
+) -> Result<Owned, Error> {
+    let give_up = Instant::now() + Duration::from_secs(5);
+    let mut attempt = 0;
+    let mut ambiguous = false;
+    loop {
+        match store.delete_owned(key, ticket, owner).await {
+            Ok(Owned::No) if ambiguous => return Ok(Owned::Yes),
+            Ok(o) => return Ok(o),
+            Err(Failure::Retry { .. }) if Instant::now() < give_up => {
+                ambiguous = true;
+                attempt += 1;
+                let pause = backoff(
+                    attempt,
+                    Duration::from_millis(25),
+                    Duration::from_millis(500),
+                    rand::random(),
+                );
+                tokio::time::sleep(pause).await;
+            }
+            Err(f) => return Err(f.into_error()),
+        }
+    }
+}
+
+struct Heartbeat {
+    store: Store,
+    key: Arc<str>,
+    ticket: u64,
+    owner: Arc<str>,
+    timing: Timing,
+    clock: Arc<dyn Clock>,
+    state: watch::Sender<RowState>,
+    cancel: CancellationToken,
+    poke: Arc<Notify>,
+    granted: Arc<AtomicBool>,
+}
+
+impl Heartbeat {
+    async fn run(self, first_sent: Instant) {
+        let mut valid_until = first_sent + self.timing.lease;
+        let mut next = first_sent + self.timing.interval;
+        let mut failures: u32 = 0;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return,
+                _ = sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
+                _ = sleep_until(next) => {}
+                _ = self.poke.notified() => {}
+            }
+            let sent = self.clock.now();
+            let wall = self.clock.wall_ms();
+            let rvn = crate::locker::new_id();
+            let granted = self.granted.load(Ordering::Acquire);
+            let beat = Beat {
+                key: &self.key,
+                ticket: self.ticket,
+                owner: &self.owner,
+                lease_until_ms: wall + millis(self.timing.lease),
+                grace_ms: millis(self.timing.grace),
+                rvn: &rvn,
+                acquired_at_ms: granted.then_some(wall),
+            };
+            let result = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return,
+                _ = sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
+                r = self.store.heartbeat(&beat) => r,
+            };
+            match result {
+                Ok(Owned::Yes) => {
+                    failures = 0;
+                    valid_until = sent + self.timing.lease;
+                    next = sent + self.timing.interval;
+                    self.state.send_replace(RowState::Live(valid_until));
+                }
+                Ok(Owned::No) => return self.lost(LostReason::RowGone),
+                Err(failure) => {
+                    failures += 1;
+                    let (throttled, error) = match &failure {
+                        Failure::Retry {
+                            throttled, source, ..
+                        } => (*throttled, source.to_string()),
+                        Failure::Fatal(e) => (false, e.to_string()),
+                    };
+                    tracing::warn!(key = %self.key, ticket = self.ticket, throttled, failures, %error,
+                        "heartbeat failed; retrying before the lease runs out");
+                    let pause = backoff(
+                        failures,
+                        Duration::from_millis(50),
+                        self.timing.interval / 2,
+                        rand::random(),
+                    );
+                    next = Instant::now() + pause;
+                }
+            }
+        }
+    }
+
+    fn lost(&self, reason: LostReason) {
+        tracing::error!(key = %self.key, ticket = self.ticket, %reason, "lock lost");
+        self.state.send_replace(RowState::Lost(reason));
+    }
+}
+
+/// Whole milliseconds of a duration, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

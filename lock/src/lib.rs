@@ -1,0 +1,64 @@
+//! # flightlock
+//!
+//! A FIFO, fenced, self-cleaning lock on DynamoDB: a ticket queue per key, heartbeats, fencing
+//! tokens, and dead participants passed over without waiting for TTL.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), flightlock::Error> {
+//! use flightlock::{Locker, LockOptions, Wait};
+//! use std::time::Duration;
+//!
+//! let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! let locker = Locker::new(aws_sdk_dynamodb::Client::new(&config), "flightlock");
+//! let opts = LockOptions { wait: Wait::For(Duration::from_secs(30)), ..Default::default() };
+//! let guard = locker.acquire("nightly-report", &opts).await?;
+//! println!("fencing token {}", guard.token());
+//! // ... critical section; `guard.lost()` resolves if the lock is lost ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Layout
+//!
+//! | module | what |
+//! |---|---|
+//! | `schema` | table schema: attribute names, sort keys, item encoding (pure) |
+//! | `options` | [`LockOptions`], [`Wait`], [`ClockSkew`], duration syntax (pure) |
+//! | `liveness` | when a row is stale; poll and backoff schedules (pure) |
+//! | `store` | one function per DynamoDB request (I/O) |
+//! | `locker` | the acquisition protocol: [`Locker`] |
+//! | `heartbeat` | keeping our row alive and the lost signal |
+//! | `guard` | [`LockGuard`]: token, lost signal, release |
+//! | `table` | creating and checking the table |
+//!
+//! ## Guarantees
+//!
+//! 1. **Mutual exclusion**: at most one live holder per key. A holder that can no longer be sure
+//!    of its lease learns it (the lost signal) before anyone else can be granted the key, as long
+//!    as wall clocks agree within [`ClockSkew::Bounded`] (or always, in clock-free mode).
+//! 2. **FIFO**: the key is granted in ticket order; a holder that asks again queues at the back.
+//! 3. **Bounded wait**: see [`Wait`]; giving up removes our row.
+//! 4. **Dead holders are passed over** within one lease plus the allowance and one poll, never
+//!    relying on TTL.
+//! 5. **Self-cleaning**: waiters delete dead rows ahead of them (conditionally on their `rvn`);
+//!    the sweeper and TTL remove the rest.
+//! 6. **Safe release**: the heartbeat stops first; a late heartbeat cannot bring a row back.
+
+pub mod clock;
+pub mod error;
+mod guard;
+mod heartbeat;
+pub mod liveness;
+mod locker;
+pub mod options;
+pub mod schema;
+mod store;
+pub mod table;
+
+pub use clock::{Clock, SkewedClock, SystemClock};
+pub use error::{Error, HeldBy};
+pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
+pub use heartbeat::LostReason;
+pub use locker::{EntryState, Locker, QueueEntry};
+pub use options::{parse_duration, ClockSkew, LockOptions, Wait};
+pub use schema::HolderInfo;

@@ -1,0 +1,216 @@
+//! Deciding whether a queue row is still alive, and how often to look again. Pure logic.
+//!
+//! A row is **stale** (its owner is presumed dead) when:
+//!
+//! - [`ClockSkew::Bounded`]: our wall clock is past the row's `leaseUntilMs` by more than the
+//!   allowance. The row's owner stops trusting its lease at `sent + lease` on its monotonic clock,
+//!   where `sent` is taken just before the write that set `leaseUntilMs = wall(sent) + lease`; so
+//!   as long as the two wall clocks agree within the allowance, the owner has given up before we
+//!   call it stale.
+//! - [`ClockSkew::Unbounded`] (clock-free): we have seen the same `rvn` for the row's whole
+//!   lease (`leaseMs`, the *owner's* lease, not ours) on our own monotonic clock. The write that
+//!   produced that `rvn` was sent before we first saw it, so the owner's deadline passed first.
+//!
+//! A stale row is never simply ignored: the caller deletes it conditionally on the `rvn` it saw,
+//! and only a successful delete (or finding it already gone) lets anyone pass it. A heartbeat
+//! that lands first changes the `rvn` and the delete fails: the row is live again.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::options::ClockSkew;
+use crate::schema::QueueRow;
+
+/// Whether a row's owner is presumed alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Alive (or not yet known to be dead).
+    Live,
+    /// Dead: may be removed conditionally on its `rvn`.
+    Stale,
+}
+
+/// Remembers when each row's current `rvn` was first seen (needed for clock-free mode).
+#[derive(Debug, Default)]
+pub struct Observer {
+    seen: HashMap<String, (String, Instant)>,
+}
+
+impl Observer {
+    /// Judges one row. `wall_ms` is our wall clock, `now` our monotonic clock.
+    pub fn judge(
+        &mut self,
+        row: &QueueRow,
+        wall_ms: i64,
+        now: Instant,
+        skew: ClockSkew,
+    ) -> Verdict {
+        let first_seen = match self.seen.get(&row.owner) {
+            Some((rvn, at)) if *rvn == row.rvn => *at,
+            _ => {
+                self.seen.insert(row.owner.clone(), (row.rvn.clone(), now));
+                now
+            }
+        };
+        match skew {
+            ClockSkew::Bounded(allowance) => {
+                let allowance_ms = i64::try_from(allowance.as_millis()).unwrap_or(i64::MAX);
+                if wall_ms > row.lease_until_ms.saturating_add(allowance_ms) {
+                    Verdict::Stale
+                } else {
+                    Verdict::Live
+                }
+            }
+            ClockSkew::Unbounded => {
+                let lease = Duration::from_millis(u64::try_from(row.lease_ms).unwrap_or(0));
+                // A 1/64 margin covers monotonic clocks that run at slightly different rates.
+                if now.duration_since(first_seen) >= lease + lease / 64 {
+                    Verdict::Stale
+                } else {
+                    Verdict::Live
+                }
+            }
+        }
+    }
+
+    /// Forgets rows that are no longer in the queue, so memory stays bounded by the queue.
+    pub fn retain_present<'a>(&mut self, owners: impl IntoIterator<Item = &'a str>) {
+        let present: std::collections::HashSet<&str> = owners.into_iter().collect();
+        self.seen
+            .retain(|owner, _| present.contains(owner.as_str()));
+    }
+}
+
+/// How long a waiter sleeps before looking again. The waiter next in line (`live_ahead == 1`)
+/// polls at `base`, so a release is seen within one poll interval; each place further back
+/// doubles the interval up to `max`, so a long queue costs little. `jitter` in `[0, 1)` spreads
+/// waiters apart by ±25 %.
+pub fn poll_interval(live_ahead: usize, base: Duration, max: Duration, jitter: f64) -> Duration {
+    let doublings = u32::try_from(live_ahead.saturating_sub(1).min(8)).unwrap_or(8);
+    let nominal = base.saturating_mul(1 << doublings).min(max);
+    nominal.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// Exponential backoff with full jitter for retries after throttling, transaction conflicts
+/// and transient errors: `jitter * min(max, base * 2^attempt)`.
+pub fn backoff(attempt: u32, base: Duration, max: Duration, jitter: f64) -> Duration {
+    let nominal = base.saturating_mul(1 << attempt.min(16)).min(max);
+    nominal.mul_f64(jitter.clamp(0.05, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::HolderInfo;
+
+    fn row(owner: &str, rvn: &str, lease_until_ms: i64) -> QueueRow {
+        QueueRow {
+            ticket: 1,
+            owner: owner.into(),
+            lease_until_ms,
+            lease_ms: 10_000,
+            expires_at: 0,
+            rvn: rvn.into(),
+            enqueued_at_ms: None,
+            acquired_at_ms: None,
+            holder: HolderInfo::default(),
+        }
+    }
+
+    const SKEW: ClockSkew = ClockSkew::Bounded(Duration::from_secs(1));
+
+    #[test]
+    fn bounded_mode_waits_for_lease_plus_allowance() {
+        let mut o = Observer::default();
+        let now = Instant::now();
+        let r = row("a", "1", 50_000);
+        assert_eq!(o.judge(&r, 50_000, now, SKEW), Verdict::Live);
+        assert_eq!(o.judge(&r, 51_000, now, SKEW), Verdict::Live);
+        assert_eq!(o.judge(&r, 51_001, now, SKEW), Verdict::Stale);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clock_free_mode_needs_an_unchanged_rvn_for_a_full_lease() {
+        let mut o = Observer::default();
+        // Wall time says "long dead": clock-free mode must not care.
+        let wall = i64::MAX / 2;
+        let t0 = Instant::now();
+        assert_eq!(
+            o.judge(&row("a", "1", 0), wall, t0, ClockSkew::Unbounded),
+            Verdict::Live
+        );
+        tokio::time::advance(Duration::from_millis(9_000)).await;
+        assert_eq!(
+            o.judge(
+                &row("a", "1", 0),
+                wall,
+                Instant::now(),
+                ClockSkew::Unbounded
+            ),
+            Verdict::Live
+        );
+        // A heartbeat changes the rvn: the clock starts again.
+        assert_eq!(
+            o.judge(
+                &row("a", "2", 0),
+                wall,
+                Instant::now(),
+                ClockSkew::Unbounded
+            ),
+            Verdict::Live
+        );
+        tokio::time::advance(Duration::from_millis(10_000)).await;
+        assert_eq!(
+            o.judge(
+                &row("a", "2", 0),
+                wall,
+                Instant::now(),
+                ClockSkew::Unbounded
+            ),
+            Verdict::Live
+        );
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(
+            o.judge(
+                &row("a", "2", 0),
+                wall,
+                Instant::now(),
+                ClockSkew::Unbounded
+            ),
+            Verdict::Stale
+        );
+    }
+
+    #[test]
+    fn observer_forgets_rows_that_left() {
+        let mut o = Observer::default();
+        let now = Instant::now();
+        o.judge(&row("a", "1", 0), 0, now, SKEW);
+        o.judge(&row("b", "1", 0), 0, now, SKEW);
+        o.retain_present(["b"]);
+        assert_eq!(o.seen.len(), 1);
+    }
+
+    #[test]
+    fn poll_interval_grows_with_place_in_line() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(2);
+        assert_eq!(poll_interval(1, base, max, 0.5), base);
+        assert_eq!(poll_interval(2, base, max, 0.5), base * 2);
+        assert_eq!(poll_interval(50, base, max, 0.5), max);
+        assert_eq!(poll_interval(1, base, max, 0.0), Duration::from_millis(75));
+        assert_eq!(poll_interval(1, base, max, 1.0), Duration::from_millis(125));
+    }
+
+    #[test]
+    fn backoff_is_capped_and_jittered() {
+        let b = Duration::from_millis(10);
+        let m = Duration::from_secs(1);
+        assert_eq!(backoff(0, b, m, 1.0), b);
+        assert_eq!(backoff(3, b, m, 1.0), b * 8);
+        assert_eq!(backoff(30, b, m, 1.0), m);
+        assert!(backoff(3, b, m, 0.5) < b * 8);
+    }
+}

@@ -1,0 +1,218 @@
+//! Acquisition options and the humane duration syntax shared by the CLI and the extension.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::schema::HolderInfo;
+
+/// How long an acquisition may wait for the key ("record wait").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Fail at once if the key is held (the skip decision). Leaves no row behind.
+    NoWait,
+    /// Give up after this long; giving up removes our row.
+    For(Duration),
+    /// Never give up.
+    Forever,
+}
+
+impl Wait {
+    /// Parses `0`, `forever`, or a duration such as `500ms`, `10s`, `2m`.
+    pub fn parse(s: &str) -> Result<Wait, String> {
+        match s.trim() {
+            "0" => Ok(Wait::NoWait),
+            "forever" | "inf" | "infinite" => Ok(Wait::Forever),
+            other => match parse_duration(other)? {
+                d if d.is_zero() => Ok(Wait::NoWait),
+                d => Ok(Wait::For(d)),
+            },
+        }
+    }
+
+    /// The wait as a duration, `None` for forever.
+    pub fn as_duration(self) -> Option<Duration> {
+        match self {
+            Wait::NoWait => Some(Duration::ZERO),
+            Wait::For(d) => Some(d),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// How far participants' wall clocks may disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockSkew {
+    /// Clocks agree within this allowance. A row is stale once our wall clock is past its
+    /// `leaseUntilMs` plus the allowance: dead holders are detected from a single read.
+    Bounded(Duration),
+    /// Clock-free mode: wall clocks are not trusted at all. A row is stale only after we have
+    /// seen its `rvn` unchanged for a full lease on our own monotonic clock.
+    Unbounded,
+}
+
+impl ClockSkew {
+    /// Parses `unbounded` or a duration.
+    pub fn parse(s: &str) -> Result<ClockSkew, String> {
+        match s.trim() {
+            "unbounded" | "none" | "clock-free" => Ok(ClockSkew::Unbounded),
+            other => parse_duration(other).map(ClockSkew::Bounded),
+        }
+    }
+}
+
+/// Options of one acquisition. Start from [`LockOptions::default`] and change what you need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    /// How long to wait for the key. Default: forever.
+    pub wait: Wait,
+    /// Lease length: how long the row stays live without a heartbeat. Default 20 s.
+    pub lease: Duration,
+    /// Heartbeat interval. Default: a third of the lease. Must be at most half the lease.
+    pub heartbeat: Option<Duration>,
+    /// Poll interval of the waiter next in line. Default 100 ms. Waiters further back poll
+    /// less often (doubling per place, up to `max_poll`), each with ±25 % jitter.
+    pub poll: Duration,
+    /// Longest poll interval. Default 2 s.
+    pub max_poll: Duration,
+    /// Clock-skew allowance. Default 1 s.
+    pub clock_skew: ClockSkew,
+    /// Added to the lease end to form the TTL (`expiresAt`), so TTL and the sweeper only remove
+    /// rows every participant already treats as dead. Default 1 h.
+    pub ttl_grace: Duration,
+    /// Details written into the row for people reading the queue.
+    pub holder: HolderInfo,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            wait: Wait::Forever,
+            lease: Duration::from_secs(20),
+            heartbeat: None,
+            poll: Duration::from_millis(100),
+            max_poll: Duration::from_secs(2),
+            clock_skew: ClockSkew::Bounded(Duration::from_secs(1)),
+            ttl_grace: Duration::from_secs(3600),
+            holder: HolderInfo::default(),
+        }
+    }
+}
+
+impl LockOptions {
+    /// The heartbeat interval in force.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat.unwrap_or(self.lease / 3)
+    }
+
+    /// Checks the options against each other.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |name, problem: String| Err(Error::InvalidOption { name, problem });
+        if self.lease < Duration::from_millis(100) {
+            return bad(
+                "lease",
+                format!("{:?} is too short; use at least 100ms", self.lease),
+            );
+        }
+        let hb = self.heartbeat_interval();
+        if hb.is_zero() || hb > self.lease / 2 {
+            return bad(
+                "heartbeat",
+                format!(
+                    "{hb:?} must be above zero and at most half the lease ({:?})",
+                    self.lease
+                ),
+            );
+        }
+        if self.poll.is_zero() || self.max_poll < self.poll {
+            return bad(
+                "poll",
+                format!(
+                    "poll {:?} must be above zero and at most max poll {:?}",
+                    self.poll, self.max_poll
+                ),
+            );
+        }
+        if let ClockSkew::Bounded(skew) = self.clock_skew {
+            if skew > self.ttl_grace {
+                return bad(
+                    "clock skew",
+                    format!(
+                        "{skew:?} exceeds the TTL grace {:?}; TTL could remove live rows",
+                        self.ttl_grace
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses a humane duration: `500ms`, `10s`, `2m`, `1h`, `1m30s`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration; use e.g. 500ms, 10s, 2m".into());
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. 500ms, 10s, 2m, 1h"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse() {
+        assert_eq!(Wait::parse("0").unwrap(), Wait::NoWait);
+        assert_eq!(Wait::parse("0s").unwrap(), Wait::NoWait);
+        assert_eq!(Wait::parse("forever").unwrap(), Wait::Forever);
+        assert_eq!(
+            Wait::parse("1m30s").unwrap(),
+            Wait::For(Duration::from_secs(90))
+        );
+        assert_eq!(
+            Wait::parse("500ms").unwrap(),
+            Wait::For(Duration::from_millis(500))
+        );
+        assert!(Wait::parse("soon").unwrap_err().contains("soon"));
+    }
+
+    #[test]
+    fn skew_parses() {
+        assert_eq!(ClockSkew::parse("unbounded").unwrap(), ClockSkew::Unbounded);
+        assert_eq!(
+            ClockSkew::parse("250ms").unwrap(),
+            ClockSkew::Bounded(Duration::from_millis(250))
+        );
+        assert!(ClockSkew::parse("").is_err());
+    }
+
+    #[test]
+    fn defaults_are_valid_and_heartbeat_is_a_third() {
+        let o = LockOptions::default();
+        o.validate().unwrap();
+        assert_eq!(o.heartbeat_interval(), o.lease / 3);
+    }
+
+    #[test]
+    fn bad_combinations_name_the_option() {
+        let o = LockOptions {
+            heartbeat: Some(Duration::from_secs(15)),
+            ..Default::default()
+        };
+        assert!(o.validate().unwrap_err().to_string().contains("heartbeat"));
+        let o = LockOptions {
+            lease: Duration::from_millis(10),
+            ..Default::default()
+        };
+        assert!(o.validate().unwrap_err().to_string().contains("lease"));
+        let o = LockOptions {
+            max_poll: Duration::from_millis(1),
+            ..Default::default()
+        };
+        assert!(o.validate().unwrap_err().to_string().contains("poll"));
+    }
+}

@@ -1,0 +1,430 @@
+//! The lock table's schema: attribute names, sort keys, and item encoding.
+//!
+//! One table, keys `pk` (S) and `sk` (S), TTL on `expiresAt`. Per lock key there is one
+//! **counter** item (`sk = "counter"`, attribute `last`: the last ticket issued, never expired)
+//! and one **queue row** per waiter or holder (`sk = "q#" + ticket` zero-padded to 20 digits, so
+//! rows sort by ticket). A single strongly consistent `Query` on `pk` therefore returns the
+//! counter first (`"counter" < "q#…"`) followed by the queue in ticket order: one request is
+//! enough to know both the next ticket and who is ahead.
+//!
+//! Everything here is pure: no I/O, unit-tested without a server.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::error::Error;
+
+/// Partition key attribute: the lock key.
+pub const PK: &str = "pk";
+/// Sort key attribute: [`COUNTER_SK`] or a queue row's `q#<ticket>`.
+pub const SK: &str = "sk";
+/// Sort key of the per-key ticket counter.
+pub const COUNTER_SK: &str = "counter";
+/// Prefix of queue-row sort keys.
+pub const QUEUE_PREFIX: &str = "q#";
+/// Counter attribute: the last ticket issued (N).
+pub const LAST: &str = "last";
+/// Queue row: unique id of one acquisition (S). Conditions on ownership use it.
+pub const OWNER: &str = "owner";
+/// Queue row: the ticket (N), also the fencing token.
+pub const TICKET: &str = "ticket";
+/// Queue row: end of the lease, epoch milliseconds by the writer's clock (N).
+pub const LEASE_UNTIL_MS: &str = "leaseUntilMs";
+/// Queue row: lease length in milliseconds (N). Waiters in clock-free mode need the holder's
+/// lease, not their own, to decide that a row has gone quiet for a full lease.
+pub const LEASE_MS: &str = "leaseMs";
+/// Queue row: TTL attribute, epoch **seconds** (N), `leaseUntil + grace`.
+pub const EXPIRES_AT: &str = "expiresAt";
+/// Queue row: record version number (S), changed by every heartbeat.
+pub const RVN: &str = "rvn";
+/// Queue row (for people): function name of the holder.
+pub const FUNCTION: &str = "function";
+/// Queue row (for people): request id of the invocation holding or waiting.
+pub const REQUEST_ID: &str = "requestId";
+/// Queue row (for people): host name and process id.
+pub const HOST: &str = "host";
+/// Queue row (for people): when the row was enqueued, epoch ms.
+pub const ENQUEUED_AT_MS: &str = "enqueuedAtMs";
+/// Queue row (for people): when the lock was granted, epoch ms (absent while waiting).
+pub const ACQUIRED_AT_MS: &str = "acquiredAtMs";
+
+/// Longest lock key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Largest `expiresAt` accepted as *seconds*: the year 5138 in seconds, but only 1973 in
+/// milliseconds. A value above it was almost certainly written in milliseconds, which would keep
+/// the row for tens of thousands of years.
+pub const MAX_EXPIRES_AT_SECONDS: i64 = 100_000_000_000;
+
+/// Checks a lock key: 1..=1024 bytes. Keys are validated, never truncated.
+pub fn validate_key(key: &str) -> Result<(), Error> {
+    if key.is_empty() {
+        return Err(Error::InvalidKey {
+            key: String::new(),
+            problem: "the key is empty; give a non-empty string of at most 1024 bytes".into(),
+        });
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidKey {
+            key: format!("{}…", truncate_for_display(key, 40)),
+            problem: format!(
+                "the key is {} bytes long; at most {MAX_KEY_BYTES} bytes are allowed",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn truncate_for_display(s: &str, max_chars: usize) -> &str {
+    match s.char_indices().nth(max_chars) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// The sort key of the queue row with this ticket: `q#` and 20 zero-padded digits.
+pub fn queue_sk(ticket: u64) -> String {
+    format!("{QUEUE_PREFIX}{ticket:020}")
+}
+
+/// Converts epoch milliseconds to a TTL value in whole epoch seconds (rounded up, so TTL never
+/// fires before the instant the caller meant).
+pub fn ttl_seconds(epoch_ms: i64) -> i64 {
+    epoch_ms.div_euclid(1000) + i64::from(epoch_ms.rem_euclid(1000) != 0)
+}
+
+/// Who holds or waits, for people reading the queue. Never used for decisions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderInfo {
+    /// Function name (in Lambda, `AWS_LAMBDA_FUNCTION_NAME`).
+    pub function: Option<String>,
+    /// Request id of the invocation.
+    pub request_id: Option<String>,
+    /// Host name and process id, e.g. `ip-10-0-0-1:4242`.
+    pub host: Option<String>,
+}
+
+/// One row of a key's queue, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRow {
+    /// The ticket, which is also the fencing token.
+    pub ticket: u64,
+    /// The acquisition's unique id.
+    pub owner: String,
+    /// Lease end, epoch ms by the writer's clock.
+    pub lease_until_ms: i64,
+    /// Lease length, ms.
+    pub lease_ms: i64,
+    /// TTL, epoch seconds.
+    pub expires_at: i64,
+    /// Record version number; changes at every heartbeat.
+    pub rvn: String,
+    /// Enqueue time, epoch ms (writer's clock).
+    pub enqueued_at_ms: Option<i64>,
+    /// Grant time, epoch ms (writer's clock), once granted.
+    pub acquired_at_ms: Option<i64>,
+    /// Details for people.
+    pub holder: HolderInfo,
+}
+
+/// The attributes of a new queue row, ready for a `Put`.
+pub struct NewRow<'a> {
+    /// Lock key.
+    pub key: &'a str,
+    /// Ticket to take.
+    pub ticket: u64,
+    /// Unique acquisition id.
+    pub owner: &'a str,
+    /// First lease end, epoch ms.
+    pub lease_until_ms: i64,
+    /// Lease length, ms.
+    pub lease_ms: i64,
+    /// Grace added to the lease end for `expiresAt`, ms.
+    pub grace_ms: i64,
+    /// First record version.
+    pub rvn: &'a str,
+    /// Enqueue time, epoch ms.
+    pub now_ms: i64,
+    /// Set `acquiredAtMs` too (the enqueuer already knows it is first).
+    pub granted: bool,
+    /// Details for people.
+    pub holder: &'a HolderInfo,
+}
+
+impl NewRow<'_> {
+    /// Encodes the row as a DynamoDB item.
+    pub fn to_item(&self) -> HashMap<String, AttributeValue> {
+        let mut item = HashMap::new();
+        item.insert(PK.into(), s(self.key));
+        item.insert(SK.into(), s(&queue_sk(self.ticket)));
+        item.insert(OWNER.into(), s(self.owner));
+        item.insert(TICKET.into(), n(self.ticket));
+        item.insert(LEASE_UNTIL_MS.into(), n(self.lease_until_ms));
+        item.insert(LEASE_MS.into(), n(self.lease_ms));
+        item.insert(
+            EXPIRES_AT.into(),
+            n(ttl_seconds(self.lease_until_ms + self.grace_ms)),
+        );
+        item.insert(RVN.into(), s(self.rvn));
+        item.insert(ENQUEUED_AT_MS.into(), n(self.now_ms));
+        if self.granted {
+            item.insert(ACQUIRED_AT_MS.into(), n(self.now_ms));
+        }
+        let details = [
+            (FUNCTION, &self.holder.function),
+            (REQUEST_ID, &self.holder.request_id),
+            (HOST, &self.holder.host),
+        ];
+        for (name, value) in details {
+            if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+                item.insert(name.into(), s(v));
+            }
+        }
+        item
+    }
+}
+
+/// A string attribute value.
+pub fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_owned())
+}
+
+/// A number attribute value.
+pub fn n(v: impl std::fmt::Display) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+/// What a key's partition holds: the counter and the queue in ticket order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The counter's `last` (0 when the key has never been used).
+    pub last: u64,
+    /// Queue rows, in ticket order.
+    pub rows: Vec<QueueRow>,
+}
+
+impl Snapshot {
+    /// Decodes the items of a `Query` on one key, in any order.
+    pub fn from_items<'a>(
+        key: &str,
+        items: impl IntoIterator<Item = &'a HashMap<String, AttributeValue>>,
+    ) -> Result<Snapshot, Error> {
+        let mut snap = Snapshot::default();
+        for item in items {
+            let sk = get_s(key, item, SK)?;
+            if sk == COUNTER_SK {
+                snap.last = get_u64(key, item, LAST)?;
+            } else if sk.starts_with(QUEUE_PREFIX) {
+                snap.rows.push(QueueRow::from_item(key, item)?);
+            }
+            // Other sort keys are not ours (a user may share the table); ignore them.
+        }
+        snap.rows.sort_by_key(|r| r.ticket);
+        Ok(snap)
+    }
+}
+
+impl QueueRow {
+    /// Decodes a queue row, naming the field that is wrong.
+    pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Self, Error> {
+        let sk = get_s(key, item, SK)?;
+        let ticket = get_u64(key, item, TICKET)?;
+        if sk != queue_sk(ticket) {
+            return Err(malformed(
+                key,
+                SK,
+                format!("sort key {sk:?} does not match ticket {ticket}"),
+            ));
+        }
+        let expires_at = get_i64(key, item, EXPIRES_AT)?;
+        if expires_at > MAX_EXPIRES_AT_SECONDS {
+            return Err(malformed(
+                key,
+                EXPIRES_AT,
+                format!(
+                    "{expires_at} looks like milliseconds; the TTL attribute must be epoch seconds"
+                ),
+            ));
+        }
+        let opt_s = |name: &str| match item.get(name) {
+            Some(AttributeValue::S(v)) => Some(v.clone()),
+            _ => None,
+        };
+        Ok(QueueRow {
+            ticket,
+            owner: get_s(key, item, OWNER)?.to_owned(),
+            lease_until_ms: get_i64(key, item, LEASE_UNTIL_MS)?,
+            lease_ms: get_i64(key, item, LEASE_MS)?,
+            expires_at,
+            rvn: get_s(key, item, RVN)?.to_owned(),
+            enqueued_at_ms: opt_i64(key, item, ENQUEUED_AT_MS)?,
+            acquired_at_ms: opt_i64(key, item, ACQUIRED_AT_MS)?,
+            holder: HolderInfo {
+                function: opt_s(FUNCTION),
+                request_id: opt_s(REQUEST_ID),
+                host: opt_s(HOST),
+            },
+        })
+    }
+}
+
+fn malformed(key: &str, field: &str, problem: String) -> Error {
+    Error::MalformedItem {
+        key: key.to_owned(),
+        field: field.to_owned(),
+        problem,
+    }
+}
+
+fn get_s<'a>(
+    key: &str,
+    item: &'a HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<&'a str, Error> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Ok(v),
+        Some(other) => Err(malformed(
+            key,
+            name,
+            format!("expected a string, found {other:?}"),
+        )),
+        None => Err(malformed(key, name, "missing".into())),
+    }
+}
+
+fn get_num<T: std::str::FromStr>(
+    key: &str,
+    item: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<Option<T>, Error> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| malformed(key, name, format!("{v:?} is not a whole number in range"))),
+        Some(other) => Err(malformed(
+            key,
+            name,
+            format!("expected a number, found {other:?}"),
+        )),
+        None => Ok(None),
+    }
+}
+
+fn get_u64(key: &str, item: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, Error> {
+    get_num(key, item, name)?.ok_or_else(|| malformed(key, name, "missing".into()))
+}
+
+fn get_i64(key: &str, item: &HashMap<String, AttributeValue>, name: &str) -> Result<i64, Error> {
+    get_num(key, item, name)?.ok_or_else(|| malformed(key, name, "missing".into()))
+}
+
+fn opt_i64(
+    key: &str,
+    item: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<Option<i64>, Error> {
+    get_num(key, item, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(ticket: u64) -> HashMap<String, AttributeValue> {
+        NewRow {
+            key: "k",
+            ticket,
+            owner: "o1",
+            lease_until_ms: 1_700_000_010_500,
+            lease_ms: 10_000,
+            grace_ms: 3_600_000,
+            rvn: "r1",
+            now_ms: 1_700_000_000_500,
+            granted: false,
+            holder: &HolderInfo {
+                function: Some("f".into()),
+                request_id: None,
+                host: Some(String::new()),
+            },
+        }
+        .to_item()
+    }
+
+    #[test]
+    fn sort_keys_sort_by_ticket_and_after_counter() {
+        assert_eq!(queue_sk(42), "q#00000000000000000042");
+        assert!(queue_sk(9) < queue_sk(10));
+        assert!(queue_sk(u64::MAX) > queue_sk(u64::MAX - 1));
+        assert!(COUNTER_SK < queue_sk(0).as_str());
+    }
+
+    #[test]
+    fn keys_are_validated_not_truncated() {
+        assert!(validate_key("a").is_ok());
+        assert!(validate_key(&"é".repeat(512)).is_ok()); // 1024 bytes
+        assert!(matches!(validate_key(""), Err(Error::InvalidKey { .. })));
+        let err = validate_key(&"é".repeat(513)).unwrap_err().to_string();
+        assert!(err.contains("1026 bytes"), "{err}");
+    }
+
+    #[test]
+    fn ttl_is_whole_seconds_rounded_up() {
+        assert_eq!(ttl_seconds(1_000), 1);
+        assert_eq!(ttl_seconds(1_001), 2);
+        assert_eq!(ttl_seconds(0), 0);
+    }
+
+    #[test]
+    fn row_round_trips_and_skips_empty_details() {
+        let item = row(7);
+        assert!(!item.contains_key(HOST));
+        assert!(!item.contains_key(ACQUIRED_AT_MS));
+        assert_eq!(item[EXPIRES_AT], n(1_700_003_611_i64));
+        let decoded = QueueRow::from_item("k", &item).unwrap();
+        assert_eq!(decoded.ticket, 7);
+        assert_eq!(decoded.owner, "o1");
+        assert_eq!(decoded.lease_ms, 10_000);
+        assert_eq!(decoded.holder.function.as_deref(), Some("f"));
+    }
+
+    #[test]
+    fn millisecond_ttl_is_rejected_by_name() {
+        let mut item = row(1);
+        item.insert(EXPIRES_AT.into(), n(1_700_003_610_500_i64));
+        let err = QueueRow::from_item("k", &item).unwrap_err().to_string();
+        assert!(
+            err.contains("expiresAt") && err.contains("milliseconds"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let mut item = row(1);
+        item.insert(LEASE_UNTIL_MS.into(), s("soon"));
+        let err = QueueRow::from_item("k", &item).unwrap_err().to_string();
+        assert!(err.contains("leaseUntilMs"), "{err}");
+        let mut item = row(1);
+        item.insert(SK.into(), s(&queue_sk(2)));
+        assert!(QueueRow::from_item("k", &item).is_err());
+    }
+
+    #[test]
+    fn snapshot_orders_rows_and_reads_counter() {
+        let mut counter = HashMap::new();
+        counter.insert(PK.into(), s("k"));
+        counter.insert(SK.into(), s(COUNTER_SK));
+        counter.insert(LAST.into(), n(12));
+        let items = [row(12), counter, row(3)];
+        let snap = Snapshot::from_items("k", &items).unwrap();
+        assert_eq!(snap.last, 12);
+        assert_eq!(
+            snap.rows.iter().map(|r| r.ticket).collect::<Vec<_>>(),
+            [3, 12]
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Errors a user must act on: they name the problem and the fix.
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType,
+};
+use flightlock::{table, Error, Locker};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn a_missing_table_says_how_to_create_it() {
+    let endpoint = flightlock_testkit::require_endpoint();
+    let client = flightlock_testkit::client(&endpoint).await;
+    let locker = Locker::new(client, "no-such-table-flightlock");
+    let err = locker.acquire("k", &fast()).await.unwrap_err();
+    assert!(matches!(err, Error::TableNotFound { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("flightlock create-table --table no-such-table-flightlock"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_table_with_the_wrong_keys_is_refused() {
+    let endpoint = flightlock_testkit::require_endpoint();
+    let client = flightlock_testkit::client(&endpoint).await;
+    let name = flightlock_testkit::unique_table("wrongkeys");
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let err = table::create_table(&client, &name).await.unwrap_err();
+    assert!(matches!(err, Error::WrongKeySchema { .. }), "{err}");
+    assert!(err.to_string().contains("`id` (S, HASH)"), "{err}");
+}
+
+#[tokio::test]
+async fn create_table_is_idempotent_and_verify_checks_ttl() {
+    let env = Env::new("ttl").await;
+    assert_eq!(
+        table::create_table(&env.client, &env.table).await.unwrap(),
+        table::Created::Existing
+    );
+    table::verify_table(&env.client, &env.table).await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_keys_are_rejected_not_truncated() {
+    let env = Env::new("badkey").await;
+    let locker = env.locker().await;
+    assert!(matches!(
+        locker.acquire("", &fast()).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    let long = "x".repeat(1025);
+    let err = locker.acquire(&long, &fast()).await.unwrap_err();
+    assert!(err.to_string().contains("1025 bytes"), "{err}");
+    // The longest valid key works.
+    let g = locker.acquire(&"x".repeat(1024), &fast()).await.unwrap();
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_millisecond_ttl_in_a_row_is_reported_by_name() {
+    let env = Env::new("msttl").await;
+    let g = env.locker().await.acquire("k", &fast()).await.unwrap();
+    env.client
+        .update_item()
+        .table_name(&env.table)
+        .key("pk", AttributeValue::S("k".into()))
+        .key("sk", AttributeValue::S(format!("q#{:020}", g.token())))
+        .update_expression("SET expiresAt = :e")
+        .expression_attribute_values(":e", AttributeValue::N("1700000000000".into()))
+        .send()
+        .await
+        .unwrap();
+    let err = env
+        .locker()
+        .await
+        .queue("k", flightlock::ClockSkew::Unbounded)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("expiresAt") && err.to_string().contains("milliseconds"),
+        "{err}"
+    );
+    drop(g);
+}

@@ -1,0 +1,93 @@
+//! Guarantee 2: FIFO grants, and no barging by a holder that asks again.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grants_follow_enqueue_order() {
+    let env = Env::new("fifo").await;
+    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let probe = Probe::default();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let locker = env.locker().await;
+        let probe = probe.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = locker.acquire("k", &fast()).await.unwrap();
+            probe.enter(&format!("w{i}"), g.token());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            probe.leave();
+            g.release().await.unwrap();
+        }));
+        // Enqueue strictly one after another.
+        until_queue_len(&env, "k", i + 2).await;
+    }
+    holder.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(probe.order(), ["w0", "w1", "w2", "w3", "w4", "w5"]);
+    assert_strictly_increasing(&probe.tokens());
+    assert!(!probe.overlapped());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_asks_again_queues_at_the_back() {
+    let env = Env::new("barge").await;
+    // The same locker is reused: it keeps a hint from its release, the fast path that must not
+    // let it jump the queue.
+    let x = env.locker().await;
+    let first = x.acquire("k", &fast()).await.unwrap();
+    let probe = Probe::default();
+    let mut tasks = Vec::new();
+    for i in 0..2 {
+        let locker = env.locker().await;
+        let probe = probe.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = locker.acquire("k", &fast()).await.unwrap();
+            probe.enter(&format!("w{i}"), g.token());
+            probe.leave();
+            g.release().await.unwrap();
+        }));
+        until_queue_len(&env, "k", i + 2).await;
+    }
+    first.release().await.unwrap();
+    let again = x.acquire("k", &fast()).await.unwrap();
+    probe.enter("x", again.token());
+    probe.leave();
+    again.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(probe.order(), ["w0", "w1", "x"]);
+}
+
+#[tokio::test]
+async fn uncontended_cycles_reuse_the_hint_and_tokens_keep_rising() {
+    let env = Env::new("hint").await;
+    let (locker, proxy) = env.proxied_locker().await;
+    let mut tokens = Vec::new();
+    for _ in 0..5 {
+        let g = locker.acquire("k", &fast()).await.unwrap();
+        tokens.push(g.token());
+        g.release().await.unwrap();
+    }
+    assert_eq!(tokens, [1, 2, 3, 4, 5]);
+    // First cycle: Query + TransactWriteItems + DeleteItem; later cycles skip the Query.
+    assert_eq!(proxy.count("Query"), 1, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("TransactWriteItems"), 5);
+    assert_eq!(proxy.count("DeleteItem"), 5);
+    // A hint gone stale (someone else used the key) costs a read, never a wrong grant.
+    let other = env.locker().await;
+    other
+        .acquire("k", &fast())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let g = locker.acquire("k", &fast()).await.unwrap();
+    assert_eq!(g.token(), 7);
+    g.release().await.unwrap();
+}

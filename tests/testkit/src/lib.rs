@@ -1,0 +1,206 @@
+//! Test support for flightlock.
+//!
+//! - [`endpoint`] / [`require_endpoint`]: find the local DynamoDB endpoint
+//!   (DynamoDB Local) from the environment.
+//! - [`client`] / [`client_with`]: an SDK client for an endpoint with fixed
+//!   dummy credentials and no environment or profile lookups.
+//! - [`unique_table`]: per-test table names that never collide.
+//! - [`FaultProxy`]: a reverse proxy in front of DynamoDB that counts requests
+//!   per operation and injects faults ([`Rule`], [`Fault`]) exactly where the
+//!   network can break: before the write, after the write, duplicated, or
+//!   answered with throttling and server errors.
+
+// Tests may unwrap; library code must not.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod proxy;
+mod responses;
+mod rule;
+
+#[cfg(test)]
+mod fake_upstream;
+#[cfg(test)]
+mod local_tests;
+#[cfg(test)]
+mod proxy_tests;
+#[cfg(test)]
+mod sdk_tests;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_config::BehaviorVersion;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::config::{Builder, Credentials, Region};
+
+pub use proxy::{FaultProxy, NO_OPERATION};
+pub use rule::{Fault, Rule};
+
+/// Environment variable naming the DynamoDB endpoint (checked first).
+pub const ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_DYNAMODB";
+/// Generic AWS endpoint variable, used when [`ENDPOINT_ENV`] is unset.
+pub const GENERIC_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL";
+
+/// The local DynamoDB endpoint from `AWS_ENDPOINT_URL_DYNAMODB`, else
+/// `AWS_ENDPOINT_URL`; `None` if neither is set to a non-empty value.
+pub fn endpoint() -> Option<String> {
+    [ENDPOINT_ENV, GENERIC_ENDPOINT_ENV]
+        .iter()
+        .find_map(|name| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        })
+}
+
+/// Like [`endpoint`], but panics with instructions when no endpoint is
+/// configured. Use it in tests that need DynamoDB Local.
+///
+/// # Panics
+///
+/// If neither `AWS_ENDPOINT_URL_DYNAMODB` nor `AWS_ENDPOINT_URL` is set.
+pub fn require_endpoint() -> String {
+    match endpoint() {
+        Some(endpoint) => endpoint,
+        None => panic!(
+            "this test needs DynamoDB Local, but neither {ENDPOINT_ENV} nor \
+             {GENERIC_ENDPOINT_ENV} is set; run the tests through \
+             `scripts/dynamodb-local run -- cargo test` (see the README's test \
+             command), or point {ENDPOINT_ENV} at a running DynamoDB Local"
+        ),
+    }
+}
+
+/// A DynamoDB client for `endpoint` (e.g. `http://127.0.0.1:8000` or a
+/// [`FaultProxy::endpoint`]).
+///
+/// It uses fixed dummy credentials (`local` / `local`), region `us-east-1`,
+/// [`BehaviorVersion::latest`] and the SDK's standard retry mode (3 attempts).
+/// Nothing is read from the environment or from AWS profile files, so the
+/// developer's real AWS settings cannot leak in. No timeouts are set; use
+/// [`client_with`] for those.
+pub async fn client(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    client_with(endpoint, |builder| builder).await
+}
+
+/// Like [`client`], with `f` applied to the config builder last, so it can
+/// override anything (timeouts, retry config, interceptors, ...).
+///
+/// ```no_run
+/// # async fn demo() {
+/// use std::time::Duration;
+/// use aws_sdk_dynamodb::config::retry::RetryConfig;
+/// use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+/// let client = flightlock_testkit::client_with("http://127.0.0.1:8000", |b| {
+///     b.retry_config(RetryConfig::standard().with_max_attempts(1))
+///         .timeout_config(
+///             TimeoutConfig::builder()
+///                 .operation_attempt_timeout(Duration::from_millis(500))
+///                 .build(),
+///         )
+/// })
+/// .await;
+/// # drop(client);
+/// # }
+/// ```
+pub async fn client_with(
+    endpoint: &str,
+    f: impl FnOnce(Builder) -> Builder,
+) -> aws_sdk_dynamodb::Client {
+    let builder = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::from_static("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "local",
+            "local",
+            None,
+            None,
+            "flightlock-testkit",
+        ))
+        .endpoint_url(endpoint)
+        .retry_config(RetryConfig::standard());
+    aws_sdk_dynamodb::Client::from_conf(f(builder).build())
+}
+
+/// A DynamoDB table name unique per call and per process:
+/// `{prefix}-{pid}-{counter}-{random}`.
+///
+/// Characters of `prefix` that DynamoDB does not allow in table names are
+/// replaced by `_`, and an over-long prefix is truncated, so the result is
+/// always 3–255 characters of `[a-zA-Z0-9_.-]`.
+pub fn unique_table(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let suffix = format!(
+        "-{}-{}-{:08x}",
+        std::process::id(),
+        n,
+        rand::random::<u32>()
+    );
+    let mut prefix: String = prefix
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if prefix.is_empty() {
+        prefix.push_str("table");
+    }
+    // All characters are ASCII now, so byte truncation is safe.
+    prefix.truncate(255 - suffix.len());
+    prefix + &suffix
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid(name: &str) -> bool {
+        (3..=255).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    }
+
+    #[test]
+    fn unique_tables_are_unique_and_valid() {
+        let a = unique_table("lock_test");
+        let b = unique_table("lock_test");
+        assert_ne!(a, b);
+        assert!(a.starts_with("lock_test-"));
+        assert!(a.contains(&format!("-{}-", std::process::id())));
+        for name in [
+            a,
+            b,
+            unique_table(""),
+            unique_table("sp ace/é#"),
+            unique_table(&"x".repeat(400)),
+        ] {
+            assert!(valid(&name), "{name:?}");
+        }
+        assert!(unique_table("sp ace/é#").starts_with("sp_ace___-"));
+    }
+
+    #[tokio::test]
+    async fn client_uses_fixed_config() {
+        let client = client("http://127.0.0.1:1").await;
+        let conf = client.config();
+        assert_eq!(conf.region().map(|r| r.as_ref()), Some("us-east-1"));
+        assert_eq!(
+            conf.retry_config().map(|r| r.max_attempts()),
+            Some(RetryConfig::standard().max_attempts())
+        );
+        let custom = client_with("http://127.0.0.1:1", |b| {
+            b.retry_config(RetryConfig::standard().with_max_attempts(1))
+        })
+        .await;
+        assert_eq!(
+            custom.config().retry_config().map(|r| r.max_attempts()),
+            Some(1)
+        );
+    }
+}
