@@ -75,6 +75,11 @@ impl LockGuard {
         self.waited
     }
 
+    /// Heartbeats that failed and were retried so far (for metrics).
+    pub fn heartbeat_failures(&self) -> u64 {
+        self.m().heartbeat_failures()
+    }
+
     /// Why the lock was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         match self.m().state() {

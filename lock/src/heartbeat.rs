@@ -13,7 +13,7 @@
 //! before anyone else can be granted the key. After it fires the task stops: no late heartbeat
 //! is ever sent past the deadline.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::liveness::backoff;
+use crate::options::LockOptions;
 use crate::store::{Beat, Failure, Owned, Store};
 
 /// Why a lock (or a place in the queue) was lost.
@@ -58,11 +59,12 @@ pub(crate) enum RowState {
 }
 
 /// Timing of one membership.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Timing {
-    pub lease: Duration,
     pub interval: Duration,
     pub grace: Duration,
+    /// The options, for [`LockOptions::lease_until_ms`] (lease length and cap).
+    pub opts: Arc<LockOptions>,
 }
 
 /// A row just written by the enqueue transaction.
@@ -74,6 +76,8 @@ pub(crate) struct Written<'a> {
     pub granted: bool,
     /// Monotonic instant taken before the write was sent.
     pub sent: Instant,
+    /// How long after `sent` the written lease lasts (the lease, or less under a cap).
+    pub valid_for: Duration,
 }
 
 /// Our row and its heartbeat task.
@@ -88,6 +92,7 @@ pub(crate) struct Membership {
     task: Option<JoinHandle<()>>,
     poke: Arc<Notify>,
     granted: Arc<AtomicBool>,
+    failures: Arc<AtomicU64>,
     left: bool,
 }
 
@@ -105,8 +110,10 @@ impl Membership {
             owner,
             granted,
             sent,
+            valid_for,
         } = row;
-        let (tx, rx) = watch::channel(RowState::Live(sent + timing.lease));
+        let (tx, rx) = watch::channel(RowState::Live(sent + valid_for));
+        let failures = Arc::new(AtomicU64::new(0));
         let cancel = CancellationToken::new();
         let poke = Arc::new(Notify::new());
         let granted = Arc::new(AtomicBool::new(granted));
@@ -124,8 +131,9 @@ impl Membership {
                 cancel: cancel.clone(),
                 poke: poke.clone(),
                 granted: granted.clone(),
+                failures: failures.clone(),
             }
-            .run(sent),
+            .run(sent + valid_for),
         );
         Membership {
             store,
@@ -137,8 +145,14 @@ impl Membership {
             task: Some(task),
             poke,
             granted,
+            failures,
             left: false,
         }
+    }
+
+    /// Heartbeats that failed (and were retried) so far.
+    pub(crate) fn heartbeat_failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// Marks the row granted and asks for a heartbeat now: it records `acquiredAtMs` and gives
@@ -248,12 +262,13 @@ struct Heartbeat {
     cancel: CancellationToken,
     poke: Arc<Notify>,
     granted: Arc<AtomicBool>,
+    failures: Arc<AtomicU64>,
 }
 
 impl Heartbeat {
-    async fn run(self, first_sent: Instant) {
-        let mut valid_until = first_sent + self.timing.lease;
-        let mut next = first_sent + self.timing.interval;
+    async fn run(self, first_valid_until: Instant) {
+        let mut valid_until = first_valid_until;
+        let mut next = Instant::now() + self.timing.interval;
         let mut failures: u32 = 0;
         loop {
             tokio::select! {
@@ -265,13 +280,21 @@ impl Heartbeat {
             }
             let sent = self.clock.now();
             let wall = self.clock.wall_ms();
+            let lease_until_ms = self.timing.opts.lease_until_ms(wall);
+            if lease_until_ms <= wall {
+                // The cap is reached: no more renewals. The lease runs out at `valid_until`.
+                next = valid_until + Duration::from_secs(3600);
+                continue;
+            }
+            let valid_for =
+                Duration::from_millis(u64::try_from(lease_until_ms - wall).unwrap_or(0));
             let rvn = crate::locker::new_id();
             let granted = self.granted.load(Ordering::Acquire);
             let beat = Beat {
                 key: &self.key,
                 ticket: self.ticket,
                 owner: &self.owner,
-                lease_until_ms: wall + millis(self.timing.lease),
+                lease_until_ms,
                 grace_ms: millis(self.timing.grace),
                 rvn: &rvn,
                 acquired_at_ms: granted.then_some(wall),
@@ -285,13 +308,14 @@ impl Heartbeat {
             match result {
                 Ok(Owned::Yes) => {
                     failures = 0;
-                    valid_until = sent + self.timing.lease;
+                    valid_until = sent + valid_for;
                     next = sent + self.timing.interval;
                     self.state.send_replace(RowState::Live(valid_until));
                 }
                 Ok(Owned::No) => return self.lost(LostReason::RowGone),
                 Err(failure) => {
                     failures += 1;
+                    self.failures.fetch_add(1, Ordering::Relaxed);
                     let (throttled, error) = match &failure {
                         Failure::Retry {
                             throttled, source, ..

@@ -425,7 +425,7 @@ impl Attempt<'_> {
                 key: self.key,
                 ticket,
                 owner: &owner,
-                lease_until_ms: wall + millis(opts.lease),
+                lease_until_ms: opts.lease_until_ms(wall),
                 lease_ms: millis(opts.lease),
                 grace_ms: millis(opts.ttl_grace),
                 rvn: &new_id(),
@@ -437,9 +437,9 @@ impl Attempt<'_> {
             match self.locker.store.enqueue(&row, last, &token).await {
                 Ok(Enqueue::Done | Enqueue::AlreadyOurs) => {
                     let timing = Timing {
-                        lease: opts.lease,
                         interval: opts.heartbeat_interval(),
                         grace: opts.ttl_grace,
+                        opts: Arc::new(opts.clone()),
                     };
                     let written = Written {
                         key: self.key,
@@ -447,6 +447,9 @@ impl Attempt<'_> {
                         owner: &owner,
                         granted: clear,
                         sent,
+                        valid_for: Duration::from_millis(
+                            u64::try_from(row.lease_until_ms - wall).unwrap_or(0),
+                        ),
                     };
                     let m = Membership::start(
                         self.locker.store.clone(),

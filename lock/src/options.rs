@@ -81,6 +81,10 @@ pub struct LockOptions {
     pub ttl_grace: Duration,
     /// Details written into the row for people reading the queue.
     pub holder: HolderInfo,
+    /// Hard end: heartbeats never extend the lease past this wall-clock time. In Lambda it is
+    /// the invocation deadline plus a grace, so a sandbox that is frozen or killed mid-invocation
+    /// frees the key soon after its deadline. Reaching it fires the lost signal. Default: none.
+    pub lease_cap: Option<std::time::SystemTime>,
 }
 
 impl Default for LockOptions {
@@ -94,6 +98,7 @@ impl Default for LockOptions {
             clock_skew: ClockSkew::Bounded(Duration::from_secs(1)),
             ttl_grace: Duration::from_secs(3600),
             holder: HolderInfo::default(),
+            lease_cap: None,
         }
     }
 }
@@ -102,6 +107,20 @@ impl LockOptions {
     /// The heartbeat interval in force.
     pub fn heartbeat_interval(&self) -> Duration {
         self.heartbeat.unwrap_or(self.lease / 3)
+    }
+
+    /// The lease end for a write at wall time `wall_ms`: `wall + lease`, but never past
+    /// [`LockOptions::lease_cap`].
+    pub fn lease_until_ms(&self, wall_ms: i64) -> i64 {
+        let lease = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let until = wall_ms.saturating_add(lease);
+        match self
+            .lease_cap
+            .and_then(|c| c.duration_since(std::time::UNIX_EPOCH).ok())
+        {
+            Some(cap) => until.min(i64::try_from(cap.as_millis()).unwrap_or(i64::MAX)),
+            None => until,
+        }
     }
 
     /// Checks the options against each other.
@@ -195,6 +214,18 @@ mod tests {
         let o = LockOptions::default();
         o.validate().unwrap();
         assert_eq!(o.heartbeat_interval(), o.lease / 3);
+    }
+
+    #[test]
+    fn the_lease_cap_bounds_the_lease() {
+        let cap = std::time::UNIX_EPOCH + Duration::from_millis(25_000);
+        let o = LockOptions {
+            lease_cap: Some(cap),
+            ..Default::default()
+        };
+        assert_eq!(o.lease_until_ms(1_000), 21_000);
+        assert_eq!(o.lease_until_ms(10_000), 25_000);
+        assert_eq!(LockOptions::default().lease_until_ms(10_000), 30_000);
     }
 
     #[test]
