@@ -45,6 +45,7 @@
 //! 6. **Safe release**: the heartbeat stops first; a late heartbeat cannot bring a row back.
 
 pub mod clock;
+pub mod config;
 pub mod error;
 mod guard;
 mod heartbeat;

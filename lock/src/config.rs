@@ -1,0 +1,802 @@
+//! The `FLIGHTLOCK_*` configuration shared by the Lambda extension and the in-process tower layer.
+//!
+//! Pure: [`Config::from_map`] takes the environment as a map (the binary collects
+//! `std::env::vars()` once at the top; tests pass a literal map), so nothing here reads the
+//! process environment. Every invalid value is a [`ConfigError`] that names the variable and the
+//! accepted forms; an unknown `FLIGHTLOCK_*` name is an error too, so a typo never falls back to
+//! a default silently.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `FLIGHTLOCK_TABLE` | lock table name | required |
+//! | `FLIGHTLOCK_KEY` | lock key; `{/json/pointer}` reads the event, `{{`/`}}` are literal braces | the function name |
+//! | `FLIGHTLOCK_WAIT` | `0`, a duration, or `forever`; always capped at deadline − margin | `0` |
+//! | `FLIGHTLOCK_ON_BUSY` | `skip` or `error` | `skip` |
+//! | `FLIGHTLOCK_LEASE` | lease length (≥ 100ms) | `20s` |
+//! | `FLIGHTLOCK_HEARTBEAT` | heartbeat interval (≤ lease / 2) | lease / 3 |
+//! | `FLIGHTLOCK_CLOCK_SKEW` | clock-skew allowance, or `unbounded` (clock-free) | `1s` |
+//! | `FLIGHTLOCK_DEADLINE_MARGIN` | time kept free before the invocation deadline | `1s` |
+//! | `FLIGHTLOCK_PROXY_PORT` | proxy listener port on 127.0.0.1 | `9009` |
+//! | `FLIGHTLOCK_UPSTREAM` | Runtime API the proxy forwards to (`host:port`, `http://` optional) | `AWS_LAMBDA_RUNTIME_API` |
+//! | `FLIGHTLOCK_LOG_LEVEL` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `info` |
+//! | `FLIGHTLOCK_METRICS` | EMF metrics on stdout: `on`/`off` (also `true`/`false`, `1`/`0`) | `on` |
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use crate::error::HeldBy;
+use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
+use crate::schema::{validate_key, HolderInfo};
+
+/// Prefix of every flightlock variable.
+pub const PREFIX: &str = "FLIGHTLOCK_";
+/// Lock table name (required).
+pub const TABLE: &str = "FLIGHTLOCK_TABLE";
+/// Lock key or key template.
+pub const KEY: &str = "FLIGHTLOCK_KEY";
+/// How long to wait for the key.
+pub const WAIT: &str = "FLIGHTLOCK_WAIT";
+/// What to do when the key stays held: `skip` or `error`.
+pub const ON_BUSY: &str = "FLIGHTLOCK_ON_BUSY";
+/// Lease length.
+pub const LEASE: &str = "FLIGHTLOCK_LEASE";
+/// Heartbeat interval.
+pub const HEARTBEAT: &str = "FLIGHTLOCK_HEARTBEAT";
+/// Clock-skew allowance.
+pub const CLOCK_SKEW: &str = "FLIGHTLOCK_CLOCK_SKEW";
+/// Time kept free before the invocation deadline.
+pub const DEADLINE_MARGIN: &str = "FLIGHTLOCK_DEADLINE_MARGIN";
+/// Proxy listener port.
+pub const PROXY_PORT: &str = "FLIGHTLOCK_PROXY_PORT";
+/// Runtime API the proxy forwards to.
+pub const UPSTREAM: &str = "FLIGHTLOCK_UPSTREAM";
+/// Log level.
+pub const LOG_LEVEL: &str = "FLIGHTLOCK_LOG_LEVEL";
+/// Metrics on or off.
+pub const METRICS: &str = "FLIGHTLOCK_METRICS";
+
+/// Every variable [`Config::from_map`] understands.
+pub const KNOWN: &[&str] = &[
+    TABLE,
+    KEY,
+    WAIT,
+    ON_BUSY,
+    LEASE,
+    HEARTBEAT,
+    CLOCK_SKEW,
+    DEADLINE_MARGIN,
+    PROXY_PORT,
+    UPSTREAM,
+    LOG_LEVEL,
+    METRICS,
+];
+
+/// Lambda's variable with the Runtime API address (`host:port`).
+pub const RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
+/// Lambda's variable with the function name (the default key).
+pub const FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
+
+/// Default proxy port (the wrapper script uses the same default).
+pub const DEFAULT_PROXY_PORT: u16 = 9009;
+
+/// Heartbeats never extend a lease past the invocation deadline plus this grace: a sandbox that
+/// is frozen or killed mid-invocation frees the key soon after its deadline.
+pub const LEASE_CAP_GRACE: Duration = Duration::from_secs(2);
+
+/// `errorType` of the invocation error posted when the key is busy and `FLIGHTLOCK_ON_BUSY=error`.
+pub const BUSY_ERROR_TYPE: &str = "FlightlockBusy";
+/// `errorType` when the key template cannot be rendered from the event.
+pub const KEY_ERROR_TYPE: &str = "FlightlockKeyError";
+/// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
+pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
+
+/// A bad configuration value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?} is invalid: {problem}; accepted: {accepted}")]
+pub struct ConfigError {
+    /// The variable.
+    pub variable: String,
+    /// Its value (empty if missing).
+    pub value: String,
+    /// What is wrong.
+    pub problem: String,
+    /// The accepted forms.
+    pub accepted: String,
+}
+
+/// What to do with an invocation whose key stayed held for the whole wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnBusy {
+    /// Answer it with a small JSON success body (`{"flightlock":{"skipped":true,...}}`).
+    Skip,
+    /// Answer it with an invocation error of type [`BUSY_ERROR_TYPE`], so async retries apply.
+    Error,
+}
+
+/// The typed `FLIGHTLOCK_*` configuration. See the module docs for the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `FLIGHTLOCK_TABLE`: the lock table. Required.
+    pub table: String,
+    /// `FLIGHTLOCK_KEY`: the key template. Default: the function name, literally.
+    pub key: KeyTemplate,
+    /// `FLIGHTLOCK_WAIT`. Default `0` (skip at once when held).
+    pub wait: Wait,
+    /// `FLIGHTLOCK_ON_BUSY`. Default skip.
+    pub on_busy: OnBusy,
+    /// `FLIGHTLOCK_LEASE`. Default 20 s.
+    pub lease: Duration,
+    /// `FLIGHTLOCK_HEARTBEAT`. Default: a third of the lease.
+    pub heartbeat: Option<Duration>,
+    /// `FLIGHTLOCK_CLOCK_SKEW`. Default 1 s.
+    pub clock_skew: ClockSkew,
+    /// `FLIGHTLOCK_DEADLINE_MARGIN`. Default 1 s.
+    pub deadline_margin: Duration,
+    /// `FLIGHTLOCK_PROXY_PORT`. Default 9009.
+    pub proxy_port: u16,
+    /// `FLIGHTLOCK_UPSTREAM`, else `AWS_LAMBDA_RUNTIME_API`, as `host:port` (scheme stripped).
+    /// `None` if neither is set (only the extension needs it).
+    pub upstream: Option<String>,
+    /// `FLIGHTLOCK_LOG_LEVEL`. Default `info`.
+    pub log_level: String,
+    /// `FLIGHTLOCK_METRICS`. Default on.
+    pub metrics: bool,
+    /// `AWS_LAMBDA_FUNCTION_NAME`, written into rows for people.
+    pub function_name: Option<String>,
+}
+
+fn err(variable: &str, value: &str, problem: impl Into<String>, accepted: &str) -> ConfigError {
+    ConfigError {
+        variable: variable.to_owned(),
+        value: value.to_owned(),
+        problem: problem.into(),
+        accepted: accepted.to_owned(),
+    }
+}
+
+const DURATION_FORMS: &str = "a duration such as 500ms, 10s, 2m, 1m30s (a bare number is seconds)";
+
+impl Config {
+    /// Parses the configuration from an environment map.
+    pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let mut unknown: Vec<&String> = env
+            .keys()
+            .filter(|k| k.starts_with(PREFIX) && !KNOWN.contains(&k.as_str()))
+            .collect();
+        unknown.sort();
+        if let Some(name) = unknown.first() {
+            return Err(err(
+                name,
+                &env[*name],
+                "unknown flightlock variable (a typo?)",
+                &KNOWN.join(", "),
+            ));
+        }
+        // Empty values count as unset: Lambda consoles and templates often leave them blank.
+        let get = |name: &str| {
+            env.get(name)
+                .map(|v| v.trim())
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let function_name = get(FUNCTION_NAME);
+
+        let table = get(TABLE).ok_or_else(|| {
+            err(
+                TABLE,
+                "",
+                "missing",
+                "the name of the lock table (3-255 characters of a-z A-Z 0-9 _ . -)",
+            )
+        })?;
+        if !(3..=255).contains(&table.len())
+            || !table
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        {
+            return Err(err(
+                TABLE,
+                &table,
+                "not a DynamoDB table name",
+                "3-255 characters of a-z A-Z 0-9 _ . -",
+            ));
+        }
+
+        let key_src =
+            match get(KEY).or_else(|| function_name.clone()) {
+                Some(k) => k,
+                None => return Err(err(
+                    KEY,
+                    "",
+                    format!("missing, and {FUNCTION_NAME} is not set either"),
+                    "a key such as nightly-report, or a template such as job-{/detail/accountId}",
+                )),
+            };
+        let key = match get(KEY) {
+            Some(_) => KeyTemplate::parse(&key_src).map_err(|p| {
+                err(
+                    KEY,
+                    &key_src,
+                    p,
+                    "literal text with {/json/pointer} placeholders; {{ and }} for literal braces",
+                )
+            })?,
+            None => KeyTemplate::literal(&key_src),
+        };
+
+        let wait = match get(WAIT) {
+            None => Wait::NoWait,
+            Some(v) => Wait::parse(&v)
+                .map_err(|p| err(WAIT, &v, p, &format!("0, forever, or {DURATION_FORMS}")))?,
+        };
+        let on_busy = match get(ON_BUSY).as_deref() {
+            None | Some("skip") => OnBusy::Skip,
+            Some("error") => OnBusy::Error,
+            Some(v) => return Err(err(ON_BUSY, v, "unknown policy", "skip, error")),
+        };
+        let duration = |name: &str| -> Result<Option<Duration>, ConfigError> {
+            get(name)
+                .map(|v| parse_duration(&v).map_err(|p| err(name, &v, p, DURATION_FORMS)))
+                .transpose()
+        };
+        let lease = duration(LEASE)?.unwrap_or(Duration::from_secs(20));
+        let heartbeat = duration(HEARTBEAT)?;
+        let clock_skew = match get(CLOCK_SKEW) {
+            None => ClockSkew::Bounded(Duration::from_secs(1)),
+            Some(v) => ClockSkew::parse(&v).map_err(|p| {
+                err(
+                    CLOCK_SKEW,
+                    &v,
+                    p,
+                    &format!("unbounded (clock-free mode) or {DURATION_FORMS}"),
+                )
+            })?,
+        };
+        let deadline_margin = duration(DEADLINE_MARGIN)?.unwrap_or(Duration::from_secs(1));
+        let proxy_port = match get(PROXY_PORT) {
+            None => DEFAULT_PROXY_PORT,
+            Some(v) => match v.parse::<u16>() {
+                Ok(p) if p > 0 => p,
+                _ => return Err(err(PROXY_PORT, &v, "not a port", "a TCP port 1-65535")),
+            },
+        };
+        let upstream = match get(UPSTREAM) {
+            Some(v) => Some(
+                runtime_api_authority(&v)
+                    .map_err(|p| err(UPSTREAM, &v, p, "host:port or http://host:port"))?,
+            ),
+            None => match get(RUNTIME_API) {
+                Some(v) => Some(
+                    runtime_api_authority(&v)
+                        .map_err(|p| err(RUNTIME_API, &v, p, "host:port or http://host:port"))?,
+                ),
+                None => None,
+            },
+        };
+        let log_level = match get(LOG_LEVEL) {
+            None => "info".to_owned(),
+            Some(v) => {
+                let lower = v.to_ascii_lowercase();
+                if !["off", "error", "warn", "info", "debug", "trace"].contains(&lower.as_str()) {
+                    return Err(err(
+                        LOG_LEVEL,
+                        &v,
+                        "unknown level",
+                        "off, error, warn, info, debug, trace",
+                    ));
+                }
+                lower
+            }
+        };
+        let metrics = match get(METRICS).map(|v| v.to_ascii_lowercase()).as_deref() {
+            None | Some("on" | "true" | "1" | "yes") => true,
+            Some("off" | "false" | "0" | "no") => false,
+            Some(_) => {
+                return Err(err(
+                    METRICS,
+                    get(METRICS).as_deref().unwrap_or_default(),
+                    "not a switch",
+                    "on, off (also true/false, 1/0, yes/no)",
+                ))
+            }
+        };
+
+        let config = Config {
+            table,
+            key,
+            wait,
+            on_busy,
+            lease,
+            heartbeat,
+            clock_skew,
+            deadline_margin,
+            proxy_port,
+            upstream,
+            log_level,
+            metrics,
+            function_name,
+        };
+        // Check lease / heartbeat / skew against each other now, at init, not at the first
+        // invocation.
+        config
+            .lock_options(None, SystemTime::now(), HolderInfo::default())
+            .validate()
+            .map_err(|e| {
+                let variable = match &e {
+                    crate::Error::InvalidOption {
+                        name: "heartbeat", ..
+                    } => HEARTBEAT,
+                    crate::Error::InvalidOption {
+                        name: "clock skew", ..
+                    } => CLOCK_SKEW,
+                    _ => LEASE,
+                };
+                let value = env.get(variable).cloned().unwrap_or_default();
+                err(
+                    variable,
+                    &value,
+                    e.to_string(),
+                    "a lease of at least 100ms and a heartbeat of at most half the lease",
+                )
+            })?;
+        Ok(config)
+    }
+
+    /// The options of one acquisition for an invocation whose deadline is `deadline` (`None`: no
+    /// deadline), at wall time `now`: the wait is capped at `deadline - margin` (no time left:
+    /// no wait), and heartbeats never extend the lease past `deadline + LEASE_CAP_GRACE`.
+    pub fn lock_options(
+        &self,
+        deadline: Option<SystemTime>,
+        now: SystemTime,
+        holder: HolderInfo,
+    ) -> LockOptions {
+        let wait = match deadline {
+            None => self.wait,
+            Some(d) => {
+                let left = d
+                    .checked_sub(self.deadline_margin)
+                    .and_then(|d| d.duration_since(now).ok())
+                    .unwrap_or(Duration::ZERO);
+                match self.wait.as_duration() {
+                    _ if left.is_zero() => Wait::NoWait,
+                    Some(w) if w <= left => self.wait,
+                    _ => Wait::For(left),
+                }
+            }
+        };
+        LockOptions {
+            wait,
+            lease: self.lease,
+            heartbeat: self.heartbeat,
+            clock_skew: self.clock_skew,
+            holder,
+            lease_cap: deadline.map(|d| d + LEASE_CAP_GRACE),
+            ..LockOptions::default()
+        }
+    }
+}
+
+/// Strips an optional `http://` scheme and a trailing `/` from a Runtime API address and checks
+/// that what is left looks like `host:port`.
+pub fn runtime_api_authority(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    let rest = match v.split_once("://") {
+        None => v,
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+        Some((scheme, _)) => {
+            return Err(format!(
+                "scheme {scheme:?} is not supported (the Runtime API is plain HTTP)"
+            ))
+        }
+    };
+    let rest = rest.trim_end_matches('/');
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err("no port".into());
+    };
+    if host.is_empty() || rest.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err("not host:port".into());
+    }
+    Ok(rest.to_owned())
+}
+
+/// One piece of a [`KeyTemplate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Pointer(String),
+}
+
+/// A lock key with `{/json/pointer}` placeholders filled from the event, e.g.
+/// `job-{/detail/accountId}`. `{{` and `}}` stand for literal braces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTemplate {
+    source: String,
+    parts: Vec<Part>,
+}
+
+/// Why a key could not be rendered from an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The event is not JSON, but the template reads it.
+    #[error("the key template {template:?} reads the event, but the event is not JSON: {problem}")]
+    NotJson {
+        /// The template.
+        template: String,
+        /// The parser's message.
+        problem: String,
+    },
+    /// A placeholder points at nothing, or at null.
+    #[error(
+        "the key template {template:?} needs the event field {pointer}, which is missing or null"
+    )]
+    Missing {
+        /// The template.
+        template: String,
+        /// The JSON pointer.
+        pointer: String,
+    },
+    /// A placeholder points at an object or array.
+    #[error("the key template {template:?}: event field {pointer} is an object or array; point at a string, number or boolean")]
+    NotScalar {
+        /// The template.
+        template: String,
+        /// The JSON pointer.
+        pointer: String,
+    },
+    /// The rendered key is empty or too long.
+    #[error("the key template {template:?} rendered an invalid key: {problem}")]
+    InvalidKey {
+        /// The template.
+        template: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl KeyTemplate {
+    /// A template that is `key`, literally (no placeholders, braces kept).
+    pub fn literal(key: &str) -> KeyTemplate {
+        KeyTemplate {
+            source: key.to_owned(),
+            parts: vec![Part::Text(key.to_owned())],
+        }
+    }
+
+    /// Parses a template.
+    pub fn parse(src: &str) -> Result<KeyTemplate, String> {
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut chars = src.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    text.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    text.push('}');
+                }
+                '}' => return Err("unmatched `}` (write `}}` for a literal brace)".into()),
+                '{' => {
+                    let mut pointer = String::new();
+                    loop {
+                        match chars.next() {
+                            Some('}') => break,
+                            Some('{') => return Err("`{` inside a placeholder".into()),
+                            Some(c) => pointer.push(c),
+                            None => return Err(format!("unclosed placeholder `{{{pointer}`")),
+                        }
+                    }
+                    if !pointer.starts_with('/') {
+                        return Err(format!(
+                            "placeholder `{{{pointer}}}` is not a JSON pointer (it must start with /)"
+                        ));
+                    }
+                    if !text.is_empty() {
+                        parts.push(Part::Text(std::mem::take(&mut text)));
+                    }
+                    parts.push(Part::Pointer(pointer));
+                }
+                c => text.push(c),
+            }
+        }
+        if !text.is_empty() {
+            parts.push(Part::Text(text));
+        }
+        if parts.is_empty() {
+            return Err("the key is empty".into());
+        }
+        Ok(KeyTemplate {
+            source: src.to_owned(),
+            parts,
+        })
+    }
+
+    /// True if the template reads the event.
+    pub fn reads_event(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Pointer(_)))
+    }
+
+    /// The template as written.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders the key from the raw event bytes (parsed only if the template reads the event).
+    pub fn render_bytes(&self, event: &[u8]) -> Result<String, KeyError> {
+        if !self.reads_event() {
+            return self.render(&serde_json::Value::Null);
+        }
+        let value: serde_json::Value =
+            serde_json::from_slice(event).map_err(|e| KeyError::NotJson {
+                template: self.source.clone(),
+                problem: e.to_string(),
+            })?;
+        self.render(&value)
+    }
+
+    /// Renders the key from a parsed event.
+    pub fn render(&self, event: &serde_json::Value) -> Result<String, KeyError> {
+        let mut key = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => key.push_str(t),
+                Part::Pointer(p) => match event.pointer(p) {
+                    None | Some(serde_json::Value::Null) => {
+                        return Err(KeyError::Missing {
+                            template: self.source.clone(),
+                            pointer: p.clone(),
+                        })
+                    }
+                    Some(serde_json::Value::String(s)) => key.push_str(s),
+                    Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+                        key.push_str(&v.to_string())
+                    }
+                    Some(_) => {
+                        return Err(KeyError::NotScalar {
+                            template: self.source.clone(),
+                            pointer: p.clone(),
+                        })
+                    }
+                },
+            }
+        }
+        validate_key(&key).map_err(|e| KeyError::InvalidKey {
+            template: self.source.clone(),
+            problem: e.to_string(),
+        })?;
+        Ok(key)
+    }
+}
+
+impl fmt::Display for KeyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+/// The success body answered for a skipped invocation:
+/// `{"flightlock":{"skipped":true,"key":"...","heldBy":{...} | null}}`.
+pub fn skipped_body(key: &str, held_by: Option<&HeldBy>) -> serde_json::Value {
+    serde_json::json!({
+        "flightlock": { "skipped": true, "key": key, "heldBy": held_by }
+    })
+}
+
+/// The invocation error body (Runtime API shape: `errorMessage`, `errorType`).
+pub fn error_body(error_type: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({ "errorMessage": message, "errorType": error_type })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn base() -> Vec<(&'static str, &'static str)> {
+        vec![
+            (TABLE, "locks"),
+            (FUNCTION_NAME, "nightly"),
+            (RUNTIME_API, "127.0.0.1:9001"),
+        ]
+    }
+
+    fn with(extra: &[(&'static str, &'static str)]) -> HashMap<String, String> {
+        let mut v = base();
+        v.extend_from_slice(extra);
+        map(&v)
+    }
+
+    fn bad(extra: &[(&'static str, &'static str)]) -> ConfigError {
+        Config::from_map(&with(extra)).unwrap_err()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_map(&with(&[])).unwrap();
+        assert_eq!(c.table, "locks");
+        assert_eq!(c.key.render_bytes(b"not json").unwrap(), "nightly");
+        assert_eq!(c.wait, Wait::NoWait);
+        assert_eq!(c.on_busy, OnBusy::Skip);
+        assert_eq!(c.lease, Duration::from_secs(20));
+        assert_eq!(c.heartbeat, None);
+        assert_eq!(c.clock_skew, ClockSkew::Bounded(Duration::from_secs(1)));
+        assert_eq!(c.proxy_port, 9009);
+        assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9001"));
+        assert_eq!(c.log_level, "info");
+        assert!(c.metrics);
+    }
+
+    #[test]
+    fn every_variable_parses() {
+        let c = Config::from_map(&with(&[
+            (KEY, "job-{/detail/id}"),
+            (WAIT, "forever"),
+            (ON_BUSY, "error"),
+            (LEASE, "9s"),
+            (HEARTBEAT, "2s"),
+            (CLOCK_SKEW, "unbounded"),
+            (DEADLINE_MARGIN, "250ms"),
+            (PROXY_PORT, "9100"),
+            (UPSTREAM, "http://127.0.0.1:9200/"),
+            (LOG_LEVEL, "DEBUG"),
+            (METRICS, "off"),
+        ]))
+        .unwrap();
+        assert!(c.key.reads_event());
+        assert_eq!(c.wait, Wait::Forever);
+        assert_eq!(c.on_busy, OnBusy::Error);
+        assert_eq!(c.lease, Duration::from_secs(9));
+        assert_eq!(c.heartbeat, Some(Duration::from_secs(2)));
+        assert_eq!(c.clock_skew, ClockSkew::Unbounded);
+        assert_eq!(c.deadline_margin, Duration::from_millis(250));
+        assert_eq!(c.proxy_port, 9100);
+        assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9200"));
+        assert_eq!(c.log_level, "debug");
+        assert!(!c.metrics);
+    }
+
+    #[test]
+    fn every_bad_value_names_its_variable_and_the_accepted_forms() {
+        let cases: &[(&str, &str, &str)] = &[
+            (WAIT, "soon", "forever"),
+            (ON_BUSY, "skipp", "skip, error"),
+            (LEASE, "long", "500ms"),
+            (LEASE, "10ms", "at least 100ms"),
+            (HEARTBEAT, "15s", "half the lease"),
+            (HEARTBEAT, "x", "500ms"),
+            (CLOCK_SKEW, "-1", "unbounded"),
+            (DEADLINE_MARGIN, "1 parsec", "500ms"),
+            (PROXY_PORT, "70000", "1-65535"),
+            (PROXY_PORT, "0", "1-65535"),
+            (UPSTREAM, "https://x:1", "host:port"),
+            (UPSTREAM, "localhost", "host:port"),
+            (LOG_LEVEL, "loud", "debug"),
+            (METRICS, "maybe", "on, off"),
+            (KEY, "job-{detail}", "{/json/pointer}"),
+            (KEY, "job-{/a", "{/json/pointer}"),
+            (KEY, "a}b", "}}"),
+            (TABLE, "a b", "a-z"),
+            ("FLIGHTLOCK_WIAT", "10s", "FLIGHTLOCK_WAIT"),
+        ];
+        for (var, value, accepted) in cases {
+            let e = bad(&[(var, value)]);
+            assert_eq!(e.variable, *var, "{var}={value}: {e}");
+            let msg = e.to_string();
+            assert!(msg.starts_with(&format!("{var}=")), "{msg}");
+            assert!(msg.contains(accepted), "{var}={value}: {msg}");
+        }
+    }
+
+    #[test]
+    fn table_is_required_and_key_falls_back_to_the_function_name() {
+        let e = Config::from_map(&map(&[(FUNCTION_NAME, "f")])).unwrap_err();
+        assert_eq!(e.variable, TABLE);
+        let e = Config::from_map(&map(&[(TABLE, "locks")])).unwrap_err();
+        assert_eq!(e.variable, KEY);
+        let c = Config::from_map(&map(&[(TABLE, "locks"), (KEY, "k")])).unwrap();
+        assert_eq!(c.upstream, None);
+        // A blank value is unset, not an error.
+        let c = Config::from_map(&with(&[(WAIT, " ")])).unwrap();
+        assert_eq!(c.wait, Wait::NoWait);
+    }
+
+    #[test]
+    fn runtime_api_is_accepted_with_or_without_a_scheme() {
+        for v in [
+            "127.0.0.1:9001",
+            "http://127.0.0.1:9001",
+            "HTTP://127.0.0.1:9001/",
+        ] {
+            assert_eq!(runtime_api_authority(v).unwrap(), "127.0.0.1:9001");
+        }
+        assert!(runtime_api_authority("127.0.0.1").is_err());
+        assert!(runtime_api_authority("127.0.0.1:9001/path").is_err());
+        let mut env = with(&[]);
+        env.insert(RUNTIME_API.into(), "bogus".into());
+        assert_eq!(Config::from_map(&env).unwrap_err().variable, RUNTIME_API);
+    }
+
+    #[test]
+    fn templates_render_from_the_event() {
+        let t = KeyTemplate::parse("job-{/detail/accountId}-{/n}-{/ok}{{x}}").unwrap();
+        let ev = serde_json::json!({"detail": {"accountId": "123"}, "n": 7, "ok": true});
+        assert_eq!(t.render(&ev).unwrap(), "job-123-7-true{x}");
+        let e = t
+            .render(&serde_json::json!({"n": 1, "ok": true}))
+            .unwrap_err();
+        assert!(
+            matches!(e, KeyError::Missing { ref pointer, .. } if pointer == "/detail/accountId")
+        );
+        assert!(e.to_string().contains("/detail/accountId"));
+        let e = t
+            .render(&serde_json::json!({"detail": {"accountId": null}, "n": 1, "ok": true}))
+            .unwrap_err();
+        assert!(matches!(e, KeyError::Missing { .. }));
+        let e = t
+            .render(&serde_json::json!({"detail": {"accountId": [1]}, "n": 1, "ok": true}))
+            .unwrap_err();
+        assert!(matches!(e, KeyError::NotScalar { .. }));
+        assert!(matches!(
+            t.render_bytes(b"not json").unwrap_err(),
+            KeyError::NotJson { .. }
+        ));
+        let empty = KeyTemplate::parse("{/s}").unwrap();
+        assert!(matches!(
+            empty.render(&serde_json::json!({"s": ""})).unwrap_err(),
+            KeyError::InvalidKey { .. }
+        ));
+        // Literal keys never parse the event and keep their braces.
+        assert_eq!(
+            KeyTemplate::literal("a{b}")
+                .render_bytes(b"<xml/>")
+                .unwrap(),
+            "a{b}"
+        );
+    }
+
+    #[test]
+    fn the_wait_is_capped_by_the_deadline_and_the_lease_by_deadline_plus_grace() {
+        let c = Config::from_map(&with(&[(WAIT, "forever")])).unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let deadline = now + Duration::from_secs(10);
+        let o = c.lock_options(Some(deadline), now, HolderInfo::default());
+        assert_eq!(o.wait, Wait::For(Duration::from_secs(9)));
+        assert_eq!(o.lease_cap, Some(deadline + LEASE_CAP_GRACE));
+        let c = Config::from_map(&with(&[(WAIT, "3s")])).unwrap();
+        let o = c.lock_options(Some(deadline), now, HolderInfo::default());
+        assert_eq!(o.wait, Wait::For(Duration::from_secs(3)));
+        // Within the margin of the deadline: no wait at all.
+        let o = c.lock_options(
+            Some(now + Duration::from_millis(500)),
+            now,
+            HolderInfo::default(),
+        );
+        assert_eq!(o.wait, Wait::NoWait);
+        let o = c.lock_options(None, now, HolderInfo::default());
+        assert_eq!(
+            (o.wait, o.lease_cap),
+            (Wait::For(Duration::from_secs(3)), None)
+        );
+    }
+
+    #[test]
+    fn bodies_have_the_documented_shape() {
+        let b = skipped_body("k", None);
+        assert_eq!(
+            b,
+            serde_json::json!({"flightlock": {"skipped": true, "key": "k", "heldBy": null}})
+        );
+        let e = error_body(BUSY_ERROR_TYPE, "busy");
+        assert_eq!(e["errorType"], "FlightlockBusy");
+    }
+}
