@@ -54,6 +54,7 @@ mod locker;
 pub mod options;
 pub mod schema;
 mod store;
+pub mod sweep;
 pub mod table;
 
 pub use clock::{Clock, SkewedClock, SystemClock};
@@ -63,3 +64,4 @@ pub use heartbeat::LostReason;
 pub use locker::{EntryState, Locker, QueueEntry};
 pub use options::{parse_duration, ClockSkew, LockOptions, Wait};
 pub use schema::HolderInfo;
+pub use sweep::{SweepOptions, SweepSummary, Sweeper};

@@ -4,6 +4,7 @@
 //! flightlock create-table --table T
 //! flightlock run --table T --key K [--wait 0|DURATION|forever] [--lease D] -- CMD [ARGS...]
 //! flightlock status --table T --key K [--json]
+//! flightlock sweep --table T [--grace DURATION] [--dry-run] [--json]
 //! ```
 //!
 //! Endpoint, region and credentials come from the standard AWS SDK configuration
@@ -11,6 +12,7 @@
 
 mod run;
 mod status;
+mod sweep;
 
 use std::process::ExitCode;
 
@@ -44,6 +46,8 @@ enum Command {
     Run(run::RunArgs),
     /// Print KEY's queue: holder, waiters, stale rows.
     Status(status::StatusArgs),
+    /// Remove queue rows whose lease ended more than a grace period ago (never counters).
+    Sweep(sweep::SweepArgs),
 }
 
 /// Where the table is.
@@ -145,6 +149,10 @@ async fn main() -> ExitCode {
         Command::Status(args) => {
             init_logging(&args.conn.log_level);
             status::status(args).await
+        }
+        Command::Sweep(args) => {
+            init_logging(&args.conn.log_level);
+            sweep::sweep(args).await
         }
     };
     match result {

@@ -1,0 +1,105 @@
+//! `flightlock sweep`: remove queue rows whose lease ended more than a grace period ago.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use flightlock::sweep::{ResumePoint, SweepOptions, Sweeper, DEFAULT_CONCURRENCY};
+
+use crate::Conn;
+
+/// Arguments of `flightlock sweep`.
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Remove rows whose lease ended more than this long ago. Must be at least the largest
+    /// clock-skew allowance of any lock user (plus the sweeper's own clock error).
+    #[arg(long, default_value = "10m", value_parser = flightlock::parse_duration)]
+    grace: Duration,
+    /// Report what would be deleted; delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Conditional deletes in flight at once.
+    #[arg(long, default_value_t = DEFAULT_CONCURRENCY)]
+    concurrency: usize,
+    /// Parallel scan segments.
+    #[arg(long, default_value_t = 1)]
+    segments: u32,
+    /// Items read per Scan page (default: DynamoDB's 1 MB pages).
+    #[arg(long)]
+    page_size: Option<u32>,
+    /// Stop starting new work after this long and report where to resume.
+    #[arg(long, value_parser = flightlock::parse_duration)]
+    budget: Option<Duration>,
+    /// Continue an incomplete sweep: the `resume` array of its JSON summary.
+    #[arg(long, value_name = "JSON")]
+    resume: Option<String>,
+}
+
+pub async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
+    let resume: Vec<ResumePoint> = match &args.resume {
+        Some(json) => serde_json::from_str(json)
+            .context("--resume: expected the `resume` array of a sweep summary")?,
+        None => Vec::new(),
+    };
+    let opts = SweepOptions {
+        grace: args.grace,
+        concurrency: args.concurrency,
+        segments: args.segments,
+        page_size: args.page_size,
+        budget: args.budget,
+        dry_run: args.dry_run,
+        resume,
+        ..SweepOptions::default()
+    };
+    let sweeper = Sweeper::new(args.conn.client().await, &args.conn.table);
+    let summary = sweeper.sweep(&opts).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        let verb = if summary.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        let count = if summary.dry_run {
+            summary.dead
+        } else {
+            summary.deleted
+        };
+        println!(
+            "{}: examined {} items ({} queue rows) in {} pages, {verb} {count}, still live {}, \
+             revived {}, already gone {}, errors {}, {} ms{}",
+            args.conn.table,
+            summary.items_examined,
+            summary.queue_rows_examined,
+            summary.pages,
+            summary.still_live,
+            summary.revived,
+            summary.already_gone,
+            summary.errors,
+            summary.duration_ms,
+            if summary.complete {
+                String::new()
+            } else {
+                format!(
+                    "; INCOMPLETE (budget spent), resume with --resume '{}'",
+                    serde_json::to_string(&summary.resume)?
+                )
+            }
+        );
+        for e in &summary.error_samples {
+            eprintln!("flightlock: sweep error: {e}");
+        }
+    }
+    Ok(if summary.errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}

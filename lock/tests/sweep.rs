@@ -1,0 +1,535 @@
+//! The sweeper against a real local DynamoDB: only dead rows go, never counters, never live rows,
+//! not even a row heartbeated between the sweeper's read and its delete. Each test has its own
+//! table. Run through `scripts/dynamodb-local run -- cargo test -p flightlock --test sweep`.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::Client;
+use flightlock::schema::{self, n, queue_sk, s, NewRow};
+use flightlock::sweep::{RowOutcome, SweepOptions, Sweeper};
+use flightlock::{Clock, HolderInfo, LockOptions, Locker, SkewedClock, SystemClock, Wait};
+use flightlock_testkit::{Fault, FaultProxy, Rule};
+
+const HOUR_MS: i64 = 3_600_000;
+
+struct Env {
+    endpoint: String,
+    client: Client,
+    table: String,
+}
+
+impl Env {
+    async fn new(name: &str) -> Env {
+        let endpoint = flightlock_testkit::require_endpoint();
+        let client = flightlock_testkit::client(&endpoint).await;
+        let table = flightlock_testkit::unique_table(name);
+        flightlock::table::create_table(&client, &table)
+            .await
+            .unwrap();
+        Env {
+            endpoint,
+            client,
+            table,
+        }
+    }
+
+    fn sweeper(&self) -> Sweeper {
+        Sweeper::new(self.client.clone(), &self.table)
+    }
+
+    async fn proxied_sweeper(&self) -> (Sweeper, FaultProxy) {
+        let proxy = FaultProxy::start(&self.endpoint).await.unwrap();
+        let client = flightlock_testkit::client(&proxy.endpoint()).await;
+        (Sweeper::new(client, &self.table), proxy)
+    }
+
+    /// Puts a queue row (and its counter) whose lease ends at `lease_until_ms`.
+    async fn row(&self, key: &str, ticket: u64, owner: &str, lease_until_ms: i64) {
+        let holder = HolderInfo::default();
+        let item = NewRow {
+            key,
+            ticket,
+            owner,
+            lease_until_ms,
+            lease_ms: 20_000,
+            grace_ms: HOUR_MS,
+            rvn: "rvn-1",
+            now_ms: lease_until_ms - 20_000,
+            granted: true,
+            holder: &holder,
+        }
+        .to_item();
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(counter(key, ticket)))
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// Writes `count` idle keys (a counter and no rows), 25 per BatchWriteItem, 8 at a time.
+    async fn idle_keys(&self, prefix: &str, count: usize) {
+        let items: Vec<_> = (0..count)
+            .map(|i| counter(&format!("{prefix}-{i}"), 3))
+            .collect();
+        batch_put(&self.client, &self.table, items).await;
+    }
+
+    async fn exists(&self, key: &str, sk: &str) -> Option<HashMap<String, AttributeValue>> {
+        self.client
+            .get_item()
+            .table_name(&self.table)
+            .key(schema::PK, s(key))
+            .key(schema::SK, s(sk))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+    }
+
+    /// Counts items by kind over the whole table: (counters, queue rows).
+    async fn census(&self) -> (usize, usize) {
+        let (mut counters, mut rows) = (0, 0);
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .unwrap();
+            for item in out.items() {
+                match item.get(schema::SK).and_then(|v| v.as_s().ok()) {
+                    Some(sk) if sk == schema::COUNTER_SK => counters += 1,
+                    Some(_) => rows += 1,
+                    None => panic!("item without sk"),
+                }
+            }
+            match out.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => return (counters, rows),
+            }
+        }
+    }
+
+    /// A heartbeat, as the lock's own would write it: new rvn, lease pushed forward.
+    async fn heartbeat(&self, key: &str, ticket: u64, owner: &str) {
+        let until = SystemClock.wall_ms() + 60_000;
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key(schema::PK, s(key))
+            .key(schema::SK, s(&queue_sk(ticket)))
+            .update_expression("SET leaseUntilMs = :u, expiresAt = :e, rvn = :r")
+            .condition_expression("#o = :o")
+            .expression_attribute_names("#o", schema::OWNER)
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":u", n(until))
+            .expression_attribute_values(":e", n(schema::ttl_seconds(until + HOUR_MS)))
+            .expression_attribute_values(":r", s("rvn-2"))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+fn counter(key: &str, last: u64) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (schema::PK.to_owned(), s(key)),
+        (schema::SK.to_owned(), s(schema::COUNTER_SK)),
+        (schema::LAST.to_owned(), n(last)),
+    ])
+}
+
+async fn batch_put(client: &Client, table: &str, items: Vec<HashMap<String, AttributeValue>>) {
+    use futures::StreamExt;
+    let batches: Vec<Vec<_>> = items.chunks(25).map(<[_]>::to_vec).collect();
+    futures::stream::iter(batches)
+        .for_each_concurrent(8, |batch| async move {
+            let mut requests: Vec<WriteRequest> = batch
+                .into_iter()
+                .map(|item| {
+                    WriteRequest::builder()
+                        .put_request(PutRequest::builder().set_item(Some(item)).build().unwrap())
+                        .build()
+                })
+                .collect();
+            while !requests.is_empty() {
+                let out = client
+                    .batch_write_item()
+                    .request_items(table, requests)
+                    .send()
+                    .await
+                    .unwrap();
+                requests = out
+                    .unprocessed_items
+                    .and_then(|mut m| m.remove(table))
+                    .unwrap_or_default();
+            }
+        })
+        .await;
+}
+
+/// Key and ticket of the rows a sweep listed with `outcome`.
+fn listed(summary: &flightlock::SweepSummary, outcome: RowOutcome) -> BTreeSet<(String, u64)> {
+    summary
+        .rows
+        .iter()
+        .filter(|r| r.outcome == outcome)
+        .map(|r| (r.key.clone(), r.ticket))
+        .collect()
+}
+
+fn now() -> i64 {
+    SystemClock.wall_ms()
+}
+
+/// Live, dead and just-expired rows among counters and thousands of idle keys: only the dead
+/// rows go; a second sweep deletes nothing.
+#[tokio::test]
+async fn only_dead_rows_are_deleted_and_a_second_sweep_is_a_no_op() {
+    let env = Env::new("sweep_basic").await;
+    env.idle_keys("idle", 3000).await;
+    let t = now();
+    for i in 0..5 {
+        env.row(
+            &format!("dead-{i}"),
+            4,
+            &format!("o-dead-{i}"),
+            t - 2 * HOUR_MS,
+        )
+        .await;
+    }
+    for i in 0..3 {
+        env.row(&format!("live-{i}"), 9, &format!("o-live-{i}"), t + 60_000)
+            .await;
+    }
+    // Lease ended 5 minutes ago: dead to every lock user, but inside the 10-minute grace.
+    env.row("recent", 2, "o-recent", t - 300_000).await;
+    // A real holder, heartbeating.
+    let locker = Locker::new(env.client.clone(), &env.table);
+    let opts = LockOptions {
+        wait: Wait::NoWait,
+        lease: Duration::from_secs(2),
+        ..LockOptions::default()
+    };
+    let guard = locker.acquire("held", &opts).await.unwrap();
+
+    let summary = env
+        .sweeper()
+        .sweep(&SweepOptions {
+            page_size: Some(500),
+            ..SweepOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(summary.deleted, 5, "{summary:#?}");
+    assert_eq!(summary.dead, 5);
+    assert_eq!(summary.errors, 0);
+    assert!(summary.complete);
+    assert!(summary.resume.is_empty());
+    assert!(summary.pages >= 7, "3,010 items in pages of 500");
+    assert_eq!(summary.items_examined, 3000 + 10 + 10);
+    assert_eq!(summary.counters_skipped, 0, "the filter drops counters");
+    let expected: BTreeSet<_> = (0..5).map(|i| (format!("dead-{i}"), 4)).collect();
+    assert_eq!(listed(&summary, RowOutcome::Deleted), expected);
+    for i in 0..5 {
+        assert!(env
+            .exists(&format!("dead-{i}"), &queue_sk(4))
+            .await
+            .is_none());
+    }
+    for i in 0..3 {
+        assert!(env
+            .exists(&format!("live-{i}"), &queue_sk(9))
+            .await
+            .is_some());
+    }
+    assert!(env.exists("recent", &queue_sk(2)).await.is_some());
+    assert!(env.exists("held", &queue_sk(1)).await.is_some());
+    assert_eq!(env.census().await, (3000 + 10, 5));
+
+    let again = env.sweeper().sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!((again.dead, again.deleted), (0, 0), "{again:#?}");
+    assert!(again.complete);
+
+    // The holder never noticed.
+    assert_eq!(
+        guard.release().await.unwrap(),
+        flightlock::ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test]
+async fn dry_run_deletes_nothing_and_reports_the_rows_a_real_run_deletes() {
+    let env = Env::new("sweep_dry").await;
+    env.idle_keys("idle", 200).await;
+    let t = now();
+    for i in 0..7 {
+        env.row(&format!("dead-{i}"), 1, "o", t - HOUR_MS).await;
+    }
+    env.row("live", 1, "o", t + 60_000).await;
+
+    let dry = env
+        .sweeper()
+        .sweep(&SweepOptions {
+            dry_run: true,
+            ..SweepOptions::default()
+        })
+        .await
+        .unwrap();
+    assert!(dry.dry_run);
+    assert_eq!((dry.dead, dry.deleted), (7, 0));
+    assert_eq!(env.census().await, (208, 8), "a dry run deleted something");
+
+    let real = env.sweeper().sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!(real.deleted, 7);
+    assert_eq!(
+        listed(&dry, RowOutcome::WouldDelete),
+        listed(&real, RowOutcome::Deleted)
+    );
+    assert_eq!(env.census().await, (208, 1));
+}
+
+/// A row heartbeated between the sweeper's Scan and its DeleteItem survives; a row removed by
+/// someone else meanwhile is reported as already gone.
+#[tokio::test]
+async fn a_row_heartbeated_between_read_and_delete_survives() {
+    let env = Env::new("sweep_race").await;
+    let t = now();
+    env.row("revives", 5, "o-revives", t - HOUR_MS).await;
+    env.row("vanishes", 5, "o-vanishes", t - HOUR_MS).await;
+    env.row("plain", 5, "o-plain", t - HOUR_MS).await;
+    let (sweeper, proxy) = env.proxied_sweeper().await;
+    let hold = Duration::from_millis(1500);
+    proxy.add_rule(
+        Rule::new(Fault::DelayRequest(hold))
+            .on("DeleteItem")
+            .body_contains("o-revives")
+            .times(1),
+    );
+    proxy.add_rule(
+        Rule::new(Fault::DelayRequest(hold))
+            .on("DeleteItem")
+            .body_contains("o-vanishes")
+            .times(1),
+    );
+    let sweep = tokio::spawn(async move { sweeper.sweep(&SweepOptions::default()).await });
+    // Both deletes are held in the proxy: the sweeper has read both rows as dead.
+    for _ in 0..500 {
+        if proxy.faults_applied() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(proxy.faults_applied(), 2, "the deletes never arrived");
+    env.heartbeat("revives", 5, "o-revives").await;
+    env.client
+        .delete_item()
+        .table_name(&env.table)
+        .key(schema::PK, s("vanishes"))
+        .key(schema::SK, s(&queue_sk(5)))
+        .send()
+        .await
+        .unwrap();
+
+    let summary = sweep.await.unwrap().unwrap();
+    assert_eq!(
+        (
+            summary.dead,
+            summary.deleted,
+            summary.revived,
+            summary.already_gone
+        ),
+        (3, 1, 1, 1),
+        "{summary:#?}"
+    );
+    let revived = env.exists("revives", &queue_sk(5)).await.expect("deleted");
+    assert_eq!(revived.get(schema::RVN), Some(&s("rvn-2")));
+    assert!(env.exists("plain", &queue_sk(5)).await.is_none());
+    assert_eq!(listed(&summary, RowOutcome::Revived).len(), 1);
+}
+
+/// The sweeper's injected clock decides: far ahead, every queue row is dead but counters stay;
+/// far behind, nothing is dead.
+#[tokio::test]
+async fn counters_are_never_deleted_and_the_clock_decides_liveness() {
+    let env = Env::new("sweep_clock").await;
+    env.idle_keys("idle", 100).await;
+    let t = now();
+    env.row("a", 1, "o", t + 60_000).await;
+    env.row("b", 1, "o", t - HOUR_MS).await;
+
+    let behind: Arc<dyn Clock> = Arc::new(SkewedClock {
+        offset_ms: -10 * HOUR_MS,
+    });
+    let summary = env
+        .sweeper()
+        .with_clock(behind)
+        .sweep(&SweepOptions::default())
+        .await
+        .unwrap();
+    assert_eq!((summary.dead, summary.deleted), (0, 0));
+    assert_eq!(env.census().await, (102, 2));
+
+    let ahead: Arc<dyn Clock> = Arc::new(SkewedClock {
+        offset_ms: 100 * 365 * 24 * HOUR_MS,
+    });
+    let summary = env
+        .sweeper()
+        .with_clock(ahead)
+        .sweep(&SweepOptions {
+            segments: 3,
+            ..SweepOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(summary.deleted, 2, "{summary:#?}");
+    assert_eq!(env.census().await, (102, 0), "counters must survive");
+}
+
+/// A spent budget stops the sweep between pages and says where to resume; resuming finishes it.
+#[tokio::test]
+async fn the_time_budget_stops_early_and_the_sweep_resumes() {
+    let env = Env::new("sweep_budget").await;
+    env.idle_keys("idle", 1000).await;
+    let t = now();
+    let dead: Vec<HashMap<_, _>> = (0..100)
+        .map(|i| {
+            let holder = HolderInfo::default();
+            NewRow {
+                key: &format!("dead-{i}"),
+                ticket: 1,
+                owner: "o",
+                lease_until_ms: t - HOUR_MS,
+                lease_ms: 20_000,
+                grace_ms: HOUR_MS,
+                rvn: "r",
+                now_ms: t - HOUR_MS,
+                granted: true,
+                holder: &holder,
+            }
+            .to_item()
+        })
+        .collect();
+    batch_put(&env.client, &env.table, dead).await;
+
+    let (sweeper, proxy) = env.proxied_sweeper().await;
+    proxy.add_rule(Rule::new(Fault::DelayRequest(Duration::from_millis(150))).on("Scan"));
+    let opts = SweepOptions {
+        page_size: Some(100),
+        budget: Some(Duration::from_millis(400)),
+        ..SweepOptions::default()
+    };
+    let first = sweeper.sweep(&opts).await.unwrap();
+    assert!(!first.complete, "{first:#?}");
+    assert!((1..=4).contains(&first.pages), "{first:#?}");
+    assert_eq!(first.resume.len(), 1);
+    assert!(first.resume[0].last_evaluated_key.is_some());
+    let json = serde_json::to_value(&first).unwrap();
+    assert_eq!(json["complete"], false);
+    assert!(json["resume"][0]["lastEvaluatedKey"]["pk"].is_string());
+
+    proxy.clear_rules();
+    let rest = sweeper
+        .sweep(&SweepOptions {
+            resume: first.resume.clone(),
+            budget: None,
+            ..opts
+        })
+        .await
+        .unwrap();
+    assert!(rest.complete);
+    assert_eq!(first.deleted + rest.deleted, 100, "{first:#?} {rest:#?}");
+    assert_eq!(env.census().await, (1000, 0));
+}
+
+/// Throttled Scans and DeleteItems are retried with backoff and the sweep still completes.
+#[tokio::test]
+async fn throttling_is_retried() {
+    let env = Env::new("sweep_throttle").await;
+    let t = now();
+    for i in 0..10 {
+        env.row(&format!("dead-{i}"), 1, "o", t - HOUR_MS).await;
+    }
+    let (sweeper, proxy) = env.proxied_sweeper().await;
+    // More throttles than the SDK's own 3 attempts, so the sweeper's retry loop is exercised.
+    proxy.add_rule(Rule::new(Fault::Throttle).on("Scan").times(4));
+    proxy.add_rule(Rule::new(Fault::Throttle).on("DeleteItem").times(8));
+    let summary = sweeper.sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!(summary.deleted, 10, "{summary:#?}");
+    assert_eq!(summary.errors, 0);
+    assert_eq!(proxy.faults_applied(), 12);
+    assert_eq!(env.census().await, (10, 0));
+}
+
+#[tokio::test]
+async fn a_missing_table_is_an_error_naming_the_fix() {
+    let endpoint = flightlock_testkit::require_endpoint();
+    let client = flightlock_testkit::client(&endpoint).await;
+    let err = Sweeper::new(client, flightlock_testkit::unique_table("sweep_missing"))
+        .sweep(&SweepOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, flightlock::Error::TableNotFound { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn cli_dry_run_prints_the_summary_as_json() {
+    let env = Env::new("sweep_cli").await;
+    let t = now();
+    env.row("dead", 3, "o", t - HOUR_MS).await;
+    env.row("live", 3, "o", t + 60_000).await;
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    c.args(["sweep", "--dry-run", "--json", "--grace", "15m"])
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("FLIGHTLOCK_TABLE", &env.table)
+        .stdin(Stdio::null());
+    let out = tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["dryRun"], true);
+    assert_eq!(json["dead"], 1);
+    assert_eq!(json["deleted"], 0);
+    assert_eq!(json["complete"], true);
+    assert_eq!(json["graceMs"], 900_000);
+    assert_eq!(json["rows"][0]["key"], "dead");
+    assert_eq!(json["rows"][0]["outcome"], "wouldDelete");
+    assert_eq!(env.census().await, (2, 2));
+
+    // A bad grace is refused with a message naming it.
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    c.args(["sweep", "--table", &env.table, "--grace", "soon"])
+        .stdin(Stdio::null());
+    let out = tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("soon"));
+}
