@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::heartbeat::{LostReason, Membership, RowState};
+use crate::heartbeat::{current, LostReason, Membership, RowState};
 use crate::locker::Locker;
 use crate::store::Owned;
 
@@ -139,7 +139,7 @@ pub struct LostSignal(watch::Receiver<RowState>);
 impl LostSignal {
     /// The reason, if the lock is lost already.
     pub fn reason(&self) -> Option<LostReason> {
-        match *self.0.borrow() {
+        match current(&self.0.borrow()) {
             RowState::Lost(r) => Some(r),
             RowState::Live(_) => None,
         }

@@ -58,6 +58,16 @@ pub(crate) enum RowState {
     Lost(LostReason),
 }
 
+/// A published state, with a passed deadline read as lost.
+pub(crate) fn current(state: &RowState) -> RowState {
+    match *state {
+        RowState::Live(until) if Instant::now() >= until => {
+            RowState::Lost(LostReason::LeaseExpired)
+        }
+        s => s,
+    }
+}
+
 /// Timing of one membership.
 #[derive(Debug, Clone)]
 pub(crate) struct Timing {
@@ -162,8 +172,10 @@ impl Membership {
         self.poke.notify_one();
     }
 
+    /// The row's state. A lease whose deadline has passed counts as lost even before the
+    /// heartbeat task has run to publish it (it may be delayed on a loaded machine).
     pub(crate) fn state(&self) -> RowState {
-        *self.state.borrow()
+        current(&self.state.borrow())
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<RowState> {

@@ -83,12 +83,26 @@ impl Observer {
     }
 }
 
-/// How long a waiter sleeps before looking again. The waiter next in line (`live_ahead == 1`)
-/// polls at `base`, so a release is seen within one poll interval; each place further back
-/// doubles the interval up to `max`, so a long queue costs little. `jitter` in `[0, 1)` spreads
-/// waiters apart by ±25 %.
-pub fn poll_interval(live_ahead: usize, base: Duration, max: Duration, jitter: f64) -> Duration {
-    let doublings = u32::try_from(live_ahead.saturating_sub(1).min(8)).unwrap_or(8);
+/// How long a waiter sleeps before looking again.
+///
+/// - The waiter next in line (`live_ahead == 1`) always polls at `base`, so a release is seen
+///   within one poll interval.
+/// - A waiter further back polls at `base` too while the queue is moving (its place improved
+///   since its last look: `still_polls == 0`), because it may be next very soon. While the queue
+///   stands still it backs off, doubling per look without progress, up to a factor set by its
+///   place (`2^(live_ahead-1)`) and at most `max`. A long holder with a long queue then costs
+///   little, and a fast-moving queue hands off without delay.
+///
+/// `jitter` in `[0, 1)` spreads waiters apart by ±25 %.
+pub fn poll_interval(
+    live_ahead: usize,
+    still_polls: u32,
+    base: Duration,
+    max: Duration,
+    jitter: f64,
+) -> Duration {
+    let by_place = u32::try_from(live_ahead.saturating_sub(1)).unwrap_or(u32::MAX);
+    let doublings = by_place.min(still_polls).min(8);
     let nominal = base.saturating_mul(1 << doublings).min(max);
     nominal.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
 }
@@ -194,14 +208,28 @@ mod tests {
     }
 
     #[test]
-    fn poll_interval_grows_with_place_in_line() {
+    fn poll_interval_backs_off_only_while_the_queue_stands_still() {
         let base = Duration::from_millis(100);
         let max = Duration::from_secs(2);
-        assert_eq!(poll_interval(1, base, max, 0.5), base);
-        assert_eq!(poll_interval(2, base, max, 0.5), base * 2);
-        assert_eq!(poll_interval(50, base, max, 0.5), max);
-        assert_eq!(poll_interval(1, base, max, 0.0), Duration::from_millis(75));
-        assert_eq!(poll_interval(1, base, max, 1.0), Duration::from_millis(125));
+        // Next in line: always the base interval.
+        assert_eq!(poll_interval(1, 0, base, max, 0.5), base);
+        assert_eq!(poll_interval(1, 10, base, max, 0.5), base);
+        // Further back but the queue just moved: base.
+        assert_eq!(poll_interval(5, 0, base, max, 0.5), base);
+        // Further back and stuck: doubles per still look, bounded by the place and by max.
+        assert_eq!(poll_interval(5, 1, base, max, 0.5), base * 2);
+        assert_eq!(poll_interval(5, 3, base, max, 0.5), base * 8);
+        assert_eq!(poll_interval(3, 9, base, max, 0.5), base * 4);
+        assert_eq!(poll_interval(50, 50, base, max, 0.5), max);
+        // Jitter: ±25 %.
+        assert_eq!(
+            poll_interval(1, 0, base, max, 0.0),
+            Duration::from_millis(75)
+        );
+        assert_eq!(
+            poll_interval(1, 0, base, max, 1.0),
+            Duration::from_millis(125)
+        );
     }
 
     #[test]

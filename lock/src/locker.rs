@@ -138,8 +138,19 @@ impl Locker {
             deadline: opts.wait.as_duration().map(|d| started + d),
             observer: Observer::default(),
         };
+        let mut requeued = false;
         loop {
+            if requeued && attempt.timed_out() {
+                return Err(attempt.busy(None));
+            }
+            requeued = true;
             let (membership, clear) = attempt.enqueue().await?;
+            if let RowState::Lost(reason) = membership.state() {
+                // The enqueue itself outlasted the lease (long retries): start over.
+                tracing::warn!(key, ticket = membership.ticket, %reason, "lease ran out during the enqueue; queueing again");
+                drop(membership.leave().await);
+                continue;
+            }
             let membership = if clear {
                 membership
             } else {
@@ -518,6 +529,8 @@ impl Attempt<'_> {
     /// judged dead) and we must queue again.
     async fn wait_turn(&mut self, m: Membership) -> Result<Option<Membership>, Error> {
         let mut lost = m.subscribe();
+        let mut last_place = usize::MAX;
+        let mut still_polls = 0;
         loop {
             if let RowState::Lost(reason) = m.state() {
                 tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lost our place in the queue; queueing again");
@@ -545,6 +558,12 @@ impl Attempt<'_> {
                 return Ok(None);
             }
             let Some(head) = first_live else {
+                if let RowState::Lost(reason) = m.state() {
+                    // Our own lease ran out while we looked: we may already have been passed over.
+                    tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lease ran out just before the grant; queueing again");
+                    drop(m.leave().await);
+                    return Ok(None);
+                }
                 m.mark_granted();
                 return Ok(Some(m));
             };
@@ -559,8 +578,19 @@ impl Attempt<'_> {
                 .iter()
                 .filter(|r| r.ticket >= head.ticket && r.ticket < m.ticket)
                 .count();
-            let mut pause =
-                poll_interval(ahead, self.opts.poll, self.opts.max_poll, rand::random());
+            still_polls = if ahead < last_place {
+                0
+            } else {
+                still_polls + 1
+            };
+            last_place = ahead;
+            let mut pause = poll_interval(
+                ahead,
+                still_polls,
+                self.opts.poll,
+                self.opts.max_poll,
+                rand::random(),
+            );
             if let Some(d) = self.deadline {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }

@@ -3,6 +3,7 @@
 //! test command, which starts the server on 127.0.0.1 and sets `AWS_ENDPOINT_URL_DYNAMODB`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod cli;
 mod common;
 mod crash;
 mod errors;

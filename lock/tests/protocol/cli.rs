@@ -1,0 +1,165 @@
+//! The `flightlock` CLI contract: exit statuses, environment, stderr lines, JSON.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::common::*;
+
+fn cli(env: &Env) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    c.env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("FLIGHTLOCK_TABLE", &env.table)
+        .stdin(Stdio::null());
+    c
+}
+
+async fn output(mut c: Command) -> Output {
+    tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn run_passes_token_and_key_and_exit_status() {
+    let env = Env::new("clirun").await;
+    let mut c = cli(&env);
+    c.args([
+        "run",
+        "--key",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "echo $FLIGHTLOCK_KEY $FLIGHTLOCK_TOKEN; exit 3",
+    ]);
+    let out = output(c).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job 1");
+    assert!(env.queue("job").await.is_empty(), "not released");
+}
+
+#[tokio::test]
+async fn run_on_a_busy_key_exits_75_naming_the_holder() {
+    let env = Env::new("clibusy").await;
+    let g = env.locker().await.acquire("job", &fast()).await.unwrap();
+    let mut c = cli(&env);
+    c.args(["run", "--key", "job", "--wait", "0", "--", "true"]);
+    let out = output(c).await;
+    assert_eq!(out.status.code(), Some(75));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(g.owner()) && stderr.contains("ticket 1"),
+        "{stderr}"
+    );
+    assert_eq!(env.queue("job").await.len(), 1);
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn status_json_shows_the_holder() {
+    let env = Env::new("clistatus").await;
+    let g = env.locker().await.acquire("job", &fast()).await.unwrap();
+    let mut c = cli(&env);
+    c.args(["status", "--key", "job", "--json"]);
+    let out = output(c).await;
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["queue"][0]["state"], "holding");
+    assert_eq!(v["queue"][0]["owner"], g.owner());
+    assert_eq!(v["queue"][0]["ticket"], 1);
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lock_lost_while_running_is_reported_and_fails_the_run() {
+    let env = Env::new("clilost").await;
+    let mut c = cli(&env);
+    c.args([
+        "run",
+        "--key",
+        "job",
+        "--lease",
+        "1500ms",
+        "--heartbeat",
+        "300ms",
+        "--kill-on-lost",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    c.stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    until_queue_len(&env, "job", 1).await;
+    let ticket = env.queue("job").await[0].ticket;
+    env.client
+        .delete_item()
+        .table_name(&env.table)
+        .key("pk", AttributeValue::S("job".into()))
+        .key("sk", AttributeValue::S(format!("q#{ticket:020}")))
+        .send()
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+    )
+    .await
+    .expect("--kill-on-lost did not stop the command")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("LOCK LOST"), "{stderr}");
+    assert_ne!(out.status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn sigterm_is_passed_to_the_command_and_the_lock_released() {
+    let env = Env::new("cliterm").await;
+    let mut c = cli(&env);
+    c.args([
+        "run",
+        "--key",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 9' TERM; while true; do sleep 0.05; done",
+    ]);
+    let child = c.spawn().unwrap();
+    until_queue_len(&env, "job", 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(9));
+    assert!(env.queue("job").await.is_empty());
+}
+
+#[tokio::test]
+async fn bad_arguments_name_the_option() {
+    let env = Env::new("cliargs").await;
+    let mut c = cli(&env);
+    c.args(["run", "--key", "job", "--wait", "soonish", "--", "true"]);
+    let out = output(c).await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--wait") && stderr.contains("soonish"),
+        "{stderr}"
+    );
+}
