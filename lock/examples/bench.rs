@@ -18,6 +18,9 @@ use flightlock::{ClockSkew, LockOptions, Locker, Wait};
 use flightlock_testkit::{Fault, FaultProxy, Rule};
 use tokio::time::Instant;
 
+/// One grant in the contended run: token, contender, granted at, released at.
+type Grant = (u64, usize, Instant, Instant);
+
 struct Args {
     cycles: usize,
     contenders: usize,
@@ -94,7 +97,7 @@ async fn main() {
     let proxy = FaultProxy::start(&endpoint).await.unwrap();
     let mut report = Report(Vec::new());
     println!("flightlock lock benchmark — table {table}, DynamoDB at {endpoint}");
-    println!("  {:<52} {:>14}   {}", "measure", "value", "target");
+    println!("  {:<52} {:>14}   target", "measure", "value");
 
     // 1. Uncontended cycles: requests and latencies, cold (a new client state per cycle, as a
     //    fresh process) and warm (one long-lived locker, as a warm Lambda environment).
@@ -189,7 +192,7 @@ async fn main() {
     // 3. Contention: N contenders loop acquire → hold 20 ms → release for a fixed time.
     {
         let n = args.contenders;
-        let grants: Arc<Mutex<Vec<(u64, usize, Instant, Instant)>>> = Arc::default(); // token, who, granted, released
+        let grants: Arc<Mutex<Vec<Grant>>> = Arc::default();
         proxy.reset_counts();
         let mut lockers = Vec::new();
         for _ in 0..n {
