@@ -1,0 +1,187 @@
+//! Configuration: `FLIGHTLOCK_*` environment variables, parsed from an injected map so tests
+//! never touch the process environment. Invalid values are errors that name the variable and
+//! the accepted forms; there is no silent fallback to a default.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `FLIGHTLOCK_TABLE` | lock table name | required |
+//! | `FLIGHTLOCK_SWEEP_GRACE` | remove rows whose lease ended more than this long ago; at least every lock user's clock-skew allowance | `10m` |
+//! | `FLIGHTLOCK_SWEEP_CONCURRENCY` | conditional deletes in flight | `16` |
+//! | `FLIGHTLOCK_SWEEP_SEGMENTS` | parallel scan segments | `1` |
+//! | `FLIGHTLOCK_SWEEP_MARGIN` | time kept back before the invocation deadline | `5s` |
+//! | `FLIGHTLOCK_METRICS` | print the EMF metrics line (`on`/`off`) | `on` |
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use flightlock::sweep::{DEFAULT_CONCURRENCY, DEFAULT_GRACE, MAX_CONCURRENCY, MIN_GRACE};
+
+/// Lock table name (required).
+pub const TABLE: &str = "FLIGHTLOCK_TABLE";
+/// Grace after a lease end before a row is swept.
+pub const SWEEP_GRACE: &str = "FLIGHTLOCK_SWEEP_GRACE";
+/// Conditional deletes in flight.
+pub const SWEEP_CONCURRENCY: &str = "FLIGHTLOCK_SWEEP_CONCURRENCY";
+/// Parallel scan segments.
+pub const SWEEP_SEGMENTS: &str = "FLIGHTLOCK_SWEEP_SEGMENTS";
+/// Time kept back before the invocation deadline.
+pub const SWEEP_MARGIN: &str = "FLIGHTLOCK_SWEEP_MARGIN";
+/// Metrics on or off.
+pub const METRICS: &str = "FLIGHTLOCK_METRICS";
+
+/// Default [`Config::margin`].
+pub const DEFAULT_MARGIN: Duration = Duration::from_secs(5);
+
+/// A variable that is missing or does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?}: {problem}")]
+pub struct ConfigError {
+    /// The variable's name.
+    pub variable: &'static str,
+    /// Its value (empty when missing).
+    pub value: String,
+    /// What is wrong and what is accepted.
+    pub problem: String,
+}
+
+/// The function's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Lock table name.
+    pub table: String,
+    /// Sweep grace. Default 10 minutes.
+    pub grace: Duration,
+    /// Conditional deletes in flight. Default 16.
+    pub concurrency: usize,
+    /// Parallel scan segments. Default 1.
+    pub segments: u32,
+    /// Time kept back before the invocation deadline. Default 5 s.
+    pub margin: Duration,
+    /// Print the EMF line. Default on.
+    pub metrics: bool,
+}
+
+impl Config {
+    /// Parses the configuration from environment-like pairs.
+    pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let get = |name: &str| env.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let err = |variable, value: &str, problem: String| ConfigError {
+            variable,
+            value: value.to_owned(),
+            problem,
+        };
+        let table = get(TABLE)
+            .ok_or_else(|| {
+                err(
+                    TABLE,
+                    "",
+                    "is required: set it to the lock table's name (template.yaml passes the \
+                     table it creates)"
+                        .into(),
+                )
+            })?
+            .to_owned();
+        let duration = |name: &'static str, default: Duration, min: Duration| match get(name) {
+            None => Ok(default),
+            Some(v) => match flightlock::parse_duration(v) {
+                Ok(d) if d >= min => Ok(d),
+                Ok(d) => Err(err(name, v, format!("{d:?} is below the minimum {min:?}"))),
+                Err(e) => Err(err(name, v, e)),
+            },
+        };
+        let number = |name: &'static str, default: usize| match get(name) {
+            None => Ok(default),
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if (1..=MAX_CONCURRENCY).contains(&n) => Ok(n),
+                _ => Err(err(
+                    name,
+                    v,
+                    format!("expected a whole number from 1 to {MAX_CONCURRENCY}"),
+                )),
+            },
+        };
+        let metrics = match get(METRICS).map(str::to_ascii_lowercase).as_deref() {
+            None | Some("on" | "true" | "1") => true,
+            Some("off" | "false" | "0") => false,
+            Some(_) => {
+                return Err(err(
+                    METRICS,
+                    get(METRICS).unwrap_or_default(),
+                    "expected on or off".into(),
+                ))
+            }
+        };
+        Ok(Config {
+            table,
+            grace: duration(SWEEP_GRACE, DEFAULT_GRACE, MIN_GRACE)?,
+            concurrency: number(SWEEP_CONCURRENCY, DEFAULT_CONCURRENCY)?,
+            segments: u32::try_from(number(SWEEP_SEGMENTS, 1)?).unwrap_or(1),
+            margin: duration(SWEEP_MARGIN, DEFAULT_MARGIN, Duration::ZERO)?,
+            metrics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_need_only_the_table() {
+        let c = Config::from_map(&env(&[(TABLE, "locks")])).unwrap();
+        assert_eq!(
+            c,
+            Config {
+                table: "locks".into(),
+                grace: Duration::from_secs(600),
+                concurrency: 16,
+                segments: 1,
+                margin: Duration::from_secs(5),
+                metrics: true,
+            }
+        );
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = Config::from_map(&env(&[
+            (TABLE, "t"),
+            (SWEEP_GRACE, "15m"),
+            (SWEEP_CONCURRENCY, "4"),
+            (SWEEP_SEGMENTS, "2"),
+            (SWEEP_MARGIN, "2s"),
+            (METRICS, "off"),
+        ]))
+        .unwrap();
+        assert_eq!(c.grace, Duration::from_secs(900));
+        assert_eq!((c.concurrency, c.segments), (4, 2));
+        assert_eq!(c.margin, Duration::from_secs(2));
+        assert!(!c.metrics);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let e = Config::from_map(&env(&[])).unwrap_err();
+        assert_eq!(e.variable, TABLE);
+        assert!(e.to_string().contains("FLIGHTLOCK_TABLE"));
+        for (name, value) in [
+            (SWEEP_GRACE, "soon"),
+            (SWEEP_GRACE, "10ms"),
+            (SWEEP_CONCURRENCY, "0"),
+            (SWEEP_CONCURRENCY, "many"),
+            (SWEEP_SEGMENTS, "100000"),
+            (METRICS, "maybe"),
+        ] {
+            let e = Config::from_map(&env(&[(TABLE, "t"), (name, value)])).unwrap_err();
+            assert_eq!(e.variable, name, "{e}");
+            assert!(e.to_string().contains(name) && e.to_string().contains(value));
+        }
+    }
+}
