@@ -1,0 +1,180 @@
+//! The invocations in flight in this environment, by request id.
+//!
+//! Two parties meet here: the proxy (which sees an event when the runtime fetches it, holds its
+//! lock and finishes it) and the extension's INVOKE handler (which must not report itself done
+//! before the invocation is finished and its lock released, and which detects invocations that
+//! never went through the proxy). Whichever arrives first creates the slot; the INVOKE handler
+//! removes it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use flightlock::LockGuard;
+use tokio::sync::watch;
+
+/// Finished slots that nobody collected are dropped after this long (bounds memory if an INVOKE
+/// event is ever missed).
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
+/// A held lock of one invocation.
+#[derive(Debug)]
+pub struct Held {
+    /// The guard (heartbeating).
+    pub guard: LockGuard,
+    /// Stops the task that watches the lost signal.
+    pub watcher: tokio::task::JoinHandle<()>,
+}
+
+/// One invocation.
+#[derive(Debug)]
+pub struct Slot {
+    created: Instant,
+    seen: watch::Sender<bool>,
+    done: watch::Sender<bool>,
+    held: Mutex<Option<Held>>,
+    /// The invocation's tracing span (request id, key, ticket, wait time).
+    pub span: Mutex<tracing::Span>,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            created: Instant::now(),
+            seen: watch::channel(false).0,
+            done: watch::channel(false).0,
+            held: Mutex::new(None),
+            span: Mutex::new(tracing::Span::none()),
+        }
+    }
+
+    fn lock_held(&self) -> MutexGuard<'_, Option<Held>> {
+        // A poisoned lock only means another task panicked while holding it; the data (an
+        // Option) is still consistent.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the event as fetched through the proxy.
+    pub fn mark_seen(&self) {
+        self.seen.send_replace(true);
+    }
+
+    /// Marks the invocation finished (answered and released).
+    pub fn mark_done(&self) {
+        self.done.send_replace(true);
+    }
+
+    /// True once finished.
+    pub fn is_done(&self) -> bool {
+        *self.done.borrow()
+    }
+
+    /// Stores the held lock.
+    pub fn hold(&self, held: Held) {
+        *self.lock_held() = Some(held);
+    }
+
+    /// Takes the held lock, if any.
+    pub fn take_held(&self) -> Option<Held> {
+        self.lock_held().take()
+    }
+
+    /// The span (a clone).
+    pub fn span(&self) -> tracing::Span {
+        self.span.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets the span.
+    pub fn set_span(&self, span: tracing::Span) {
+        *self.span.lock().unwrap_or_else(|e| e.into_inner()) = span;
+    }
+
+    /// Waits until the proxy has seen the event, at most `limit`. True if seen.
+    pub async fn wait_seen(&self, limit: Duration) -> bool {
+        let mut rx = self.seen.subscribe();
+        let seen = tokio::time::timeout(limit, rx.wait_for(|s| *s))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        seen
+    }
+
+    /// Waits until the invocation is finished, at most `limit`. True if finished.
+    pub async fn wait_done(&self, limit: Duration) -> bool {
+        let mut rx = self.done.subscribe();
+        let done = tokio::time::timeout(limit, rx.wait_for(|d| *d))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        done
+    }
+}
+
+/// All slots.
+#[derive(Debug, Default)]
+pub struct Invocations {
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+}
+
+impl Invocations {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot of `id`, created if new.
+    pub fn slot(&self, id: &str) -> Arc<Slot> {
+        let mut slots = self.lock();
+        if let Some(s) = slots.get(id) {
+            return s.clone();
+        }
+        slots.retain(|_, s| !(s.is_done() && s.created.elapsed() > FORGET_AFTER));
+        let s = Arc::new(Slot::new());
+        slots.insert(id.to_owned(), s.clone());
+        s
+    }
+
+    /// The slot of `id`, if it exists.
+    pub fn get(&self, id: &str) -> Option<Arc<Slot>> {
+        self.lock().get(id).cloned()
+    }
+
+    /// Forgets `id`.
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Takes every held lock (for shutdown).
+    pub fn take_all_held(&self) -> Vec<Held> {
+        self.lock().values().filter_map(|s| s.take_held()).collect()
+    }
+
+    /// Number of slots (for tests).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True if there are no slots.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn seen_and_done_are_awaitable_from_either_side() {
+        let inv = Invocations::default();
+        let s = inv.slot("r1");
+        assert!(Arc::ptr_eq(&s, &inv.slot("r1")));
+        assert!(!s.wait_seen(Duration::from_secs(2)).await);
+        let s2 = s.clone();
+        let t = tokio::spawn(async move { s2.wait_done(Duration::from_secs(60)).await });
+        s.mark_seen();
+        assert!(s.wait_seen(Duration::from_secs(2)).await);
+        s.mark_done();
+        assert!(t.await.unwrap());
+        inv.remove("r1");
+        assert!(inv.is_empty());
+        assert!(inv.get("r1").is_none());
+    }
+}

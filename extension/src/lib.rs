@@ -1,0 +1,29 @@
+//! # flightlock-extension
+//!
+//! An external Lambda extension that makes an existing function single-flight without code
+//! changes: it is also a **Runtime API proxy** on 127.0.0.1. The layer ships the binary as
+//! `/opt/extensions/flightlock` and a wrapper script `/opt/flightlock-wrapper`; with
+//! `AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper` the runtime fetches its events through the
+//! proxy, which takes the DynamoDB lock before handing an event over, heartbeats it while the
+//! handler runs, and releases it once the response has gone upstream.
+//!
+//! ## Layout
+//!
+//! | module | what |
+//! |---|---|
+//! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
+//! | `proxy` | the proxy: gate each event through the lock, forward everything else |
+//! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
+//! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN |
+//! | `metrics` | CloudWatch EMF lines |
+//! | `body` | streamed bodies, end-of-body notification |
+//!
+//! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::config`]; user docs, the skip and
+//! error bodies and the metric names are in `extension/README.md`.
+
+pub mod body;
+pub mod invocations;
+pub mod lifecycle;
+pub mod metrics;
+pub mod proxy;
+pub mod runtime_api;

@@ -1,0 +1,76 @@
+//! The Extensions API side: INVOKE and SHUTDOWN events.
+//!
+//! The extension reports itself done for an invocation (by asking for the next event) only when
+//! the proxy has finished it: answered upstream and released its lock, so the sandbox is never
+//! frozen while a lock is held. An INVOKE whose event never went through the proxy means the
+//! wrapper is not configured: the lock is not enforced, which is logged as an error and counted.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lambda_extension::{LambdaEvent, NextEvent};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metric;
+use crate::proxy::Proxy;
+
+/// How long after an INVOKE event the proxy must have fetched the event for the invocation to
+/// count as enforced. Both are released by Lambda at the same moment; this only absorbs
+/// scheduling delays.
+pub const UNENFORCED_GRACE: Duration = Duration::from_secs(2);
+
+/// Time kept back from the shutdown deadline for the process to exit.
+const SHUTDOWN_RESERVE: Duration = Duration::from_millis(200);
+
+/// Handles one Extensions API event. After SHUTDOWN it sends on `shutdown` so `main` can exit.
+pub async fn on_event(
+    proxy: Arc<Proxy>,
+    event: LambdaEvent,
+    shutdown: mpsc::Sender<()>,
+) -> Result<(), lambda_extension::Error> {
+    match event.next {
+        NextEvent::Invoke(invoke) => {
+            let id = invoke.request_id;
+            let left = until(invoke.deadline_ms);
+            let slot = proxy.invocations().slot(&id);
+            if !slot.wait_seen(UNENFORCED_GRACE.min(left)).await {
+                tracing::error!(
+                    request_id = %id,
+                    "UNENFORCED: this invocation did not go through the flightlock proxy, so it \
+                     runs WITHOUT the lock; set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper \
+                     on the function (OS-only runtimes: see the flightlock docs)"
+                );
+                proxy.metrics().count(Metric::UnenforcedInvocations);
+                proxy.invocations().remove(&id);
+                return Ok(());
+            }
+            // At the deadline Lambda ends the invocation itself and resets the sandbox: stop
+            // waiting then, so the next event we ask for is the SHUTDOWN that releases the lock.
+            // (A response sent at the last moment is still released by the proxy.)
+            if slot.wait_done(left).await {
+                proxy.invocations().remove(&id);
+            } else {
+                tracing::warn!(
+                    request_id = %id,
+                    "invocation still unfinished past its deadline; its lock is released at \
+                     shutdown or lapses at the deadline plus grace"
+                );
+            }
+            Ok(())
+        }
+        NextEvent::Shutdown(s) => {
+            let budget = until(s.deadline_ms).saturating_sub(SHUTDOWN_RESERVE);
+            tracing::info!(reason = %s.shutdown_reason, budget_ms = budget.as_millis() as u64, "shutdown");
+            proxy.release_all(budget).await;
+            let _ = shutdown.send(()).await;
+            Ok(())
+        }
+    }
+}
+
+/// Time left until `deadline_ms` (epoch ms), zero if past.
+fn until(deadline_ms: u64) -> Duration {
+    (UNIX_EPOCH + Duration::from_millis(deadline_ms))
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+}

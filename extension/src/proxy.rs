@@ -1,0 +1,424 @@
+//! The Runtime API proxy: the runtime talks to it instead of Lambda (the wrapper script points
+//! `AWS_LAMBDA_RUNTIME_API` here), and it gates every event through the lock.
+//!
+//! ```text
+//! runtime ── GET next ──► proxy ── GET next ──► upstream (Lambda)
+//!                           │ event: key from template, acquire within min(wait, deadline - margin)
+//!                           ├─ acquired ─► event to the runtime, byte for byte, every header
+//!                           └─ busy ─────► POST response (skip) or error (FlightlockBusy) upstream,
+//!                                          then GET next again while the runtime keeps waiting
+//! runtime ── POST {id}/response|error ──► proxy ──► upstream (streamed, trailers kept)
+//!                           └─ after the body has gone upstream and it answered: release, done
+//! anything else ─────────────────────────► passed through unchanged (streamed)
+//! ```
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use flightlock::config::{
+    error_body, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
+};
+use flightlock::{Error as LockError, HolderInfo, Locker, ReleaseOutcome};
+use http::header::{CONTENT_TYPE, HOST};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tracing::{field, Instrument};
+
+use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
+use crate::invocations::{Held, Invocations, Slot};
+use crate::metrics::{Metric, Metrics};
+use crate::runtime_api::{
+    error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
+};
+
+/// The proxy's state, shared by all connections.
+#[derive(Debug)]
+pub struct Proxy {
+    config: Arc<Config>,
+    locker: Locker,
+    invocations: Arc<Invocations>,
+    metrics: Metrics,
+    client: Client<HttpConnector, ProxyBody>,
+    upstream: String,
+    host: String,
+}
+
+impl Proxy {
+    /// A proxy forwarding to `upstream` (`host:port`).
+    pub fn new(
+        config: Arc<Config>,
+        locker: Locker,
+        invocations: Arc<Invocations>,
+        metrics: Metrics,
+        upstream: String,
+        host: String,
+    ) -> Proxy {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Proxy {
+            config,
+            locker,
+            invocations,
+            metrics,
+            client,
+            upstream,
+            host,
+        }
+    }
+
+    /// The invocations in flight.
+    pub fn invocations(&self) -> &Arc<Invocations> {
+        &self.invocations
+    }
+
+    /// The locker.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Serves connections from `listener` until the process ends.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::warn!(error = %e, "proxy accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+            let proxy = self.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| proxy.clone().handle(req));
+                if let Err(e) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(error = %e, "runtime connection ended with an error");
+                }
+            });
+        }
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
+        let response = match route(req.method(), req.uri().path()) {
+            Route::Next => self.next(req).await,
+            Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
+            Route::Other => {
+                let (parts, body) = req.into_parts();
+                self.send(parts.method, &parts.uri, parts.headers, boxed(body))
+                    .await
+            }
+        };
+        Ok(response.unwrap_or_else(bad_gateway))
+    }
+
+    /// Sends a request upstream, streaming its body; the response streams back.
+    async fn send(
+        &self,
+        method: Method,
+        uri: &Uri,
+        mut headers: http::HeaderMap,
+        body: ProxyBody,
+    ) -> Result<Response<ProxyBody>, BoxError> {
+        let pq = uri.path_and_query().map_or("/", |p| p.as_str());
+        let target: Uri = format!("http://{}{pq}", self.upstream).parse()?;
+        headers.insert(HOST, HeaderValue::from_str(&self.upstream)?);
+        let mut req = Request::builder().method(method).uri(target);
+        if let Some(h) = req.headers_mut() {
+            *h = headers;
+        }
+        let resp = self.client.request(req.body(body)?).await?;
+        Ok(resp.map(boxed))
+    }
+
+    /// `GET next`: fetch events upstream until one acquires its lock (or is not ours to gate).
+    async fn next(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, BoxError> {
+        let (parts, _) = req.into_parts();
+        loop {
+            let resp = self
+                .send(
+                    Method::GET,
+                    &parts.uri,
+                    parts.headers.clone(),
+                    full(Bytes::new()),
+                )
+                .await?;
+            let request_id = resp
+                .headers()
+                .get(REQUEST_ID_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let (Some(id), true) = (request_id, resp.status().is_success()) else {
+                // Not an event (an error from upstream): the runtime deals with it.
+                return Ok(resp);
+            };
+            let (rparts, body) = resp.into_parts();
+            let event = body.collect().await?.to_bytes();
+            let slot = self.invocations.slot(&id);
+            slot.mark_seen();
+            let deadline = rparts
+                .headers
+                .get(DEADLINE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+            let span = tracing::info_span!(
+                "invocation",
+                request_id = %id,
+                key = field::Empty,
+                ticket = field::Empty,
+                waited_ms = field::Empty
+            );
+            slot.set_span(span.clone());
+            if self
+                .gate(&id, &slot, deadline, &event)
+                .instrument(span)
+                .await
+            {
+                return Ok(Response::from_parts(rparts, full(event)));
+            }
+        }
+    }
+
+    /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
+    /// was answered here (skipped or failed) and is done.
+    async fn gate(
+        &self,
+        id: &str,
+        slot: &Arc<Slot>,
+        deadline: Option<SystemTime>,
+        event: &[u8],
+    ) -> bool {
+        let span = tracing::Span::current();
+        let key = match self.config.key.render_bytes(event) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot derive the lock key; failing the invocation");
+                self.metrics.count(Metric::KeyErrors);
+                self.answer(
+                    id,
+                    Some(KEY_ERROR_TYPE),
+                    &error_body(KEY_ERROR_TYPE, &e.to_string()),
+                )
+                .await;
+                slot.mark_done();
+                return false;
+            }
+        };
+        span.record("key", key.as_str());
+        let holder = HolderInfo {
+            function: self.config.function_name.clone(),
+            request_id: Some(id.to_owned()),
+            host: Some(self.host.clone()),
+        };
+        let opts = self
+            .config
+            .lock_options(deadline, SystemTime::now(), holder);
+        let started = Instant::now();
+        let result = self.locker.acquire(&key, &opts).await;
+        let waited_ms = started.elapsed().as_secs_f64() * 1000.0;
+        span.record("waited_ms", waited_ms as u64);
+        self.metrics.put(Metric::WaitTime, waited_ms);
+        match result {
+            Ok(guard) => {
+                span.record("ticket", guard.token());
+                tracing::info!("lock acquired");
+                self.metrics.count(Metric::Acquired);
+                let mut lost = guard.lost_signal();
+                let metrics = self.metrics.clone();
+                let watcher = tokio::spawn(
+                    async move {
+                        let reason = lost.wait().await;
+                        tracing::error!(%reason, "lock lost while the handler runs: another invocation may now hold the key");
+                        metrics.count(Metric::LockLost);
+                    }
+                    .instrument(span.clone()),
+                );
+                slot.hold(Held { guard, watcher });
+                true
+            }
+            Err(e @ LockError::Busy { .. }) => {
+                let held_by = match &e {
+                    LockError::Busy { holder, .. } => holder.as_deref(),
+                    _ => None,
+                };
+                match self.config.on_busy {
+                    OnBusy::Skip => {
+                        tracing::info!(reason = %e, "key busy: invocation skipped");
+                        self.metrics.count(Metric::Skipped);
+                        self.answer(id, None, &skipped_body(&key, held_by)).await;
+                    }
+                    OnBusy::Error => {
+                        tracing::info!(reason = %e, "key busy: invocation failed with {BUSY_ERROR_TYPE}");
+                        self.metrics.count(Metric::BusyErrors);
+                        self.answer(
+                            id,
+                            Some(BUSY_ERROR_TYPE),
+                            &error_body(BUSY_ERROR_TYPE, &e.to_string()),
+                        )
+                        .await;
+                    }
+                }
+                slot.mark_done();
+                false
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not take the lock; failing the invocation");
+                self.metrics.count(Metric::LockErrors);
+                self.answer(
+                    id,
+                    Some(LOCK_ERROR_TYPE),
+                    &error_body(LOCK_ERROR_TYPE, &e.to_string()),
+                )
+                .await;
+                slot.mark_done();
+                false
+            }
+        }
+    }
+
+    /// Answers invocation `id` upstream ourselves: a response, or an error of `error_type`.
+    async fn answer(&self, id: &str, error_type: Option<&str>, body: &serde_json::Value) {
+        let path = match error_type {
+            None => response_path(id),
+            Some(_) => error_path(id),
+        };
+        let mut headers = http::HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(t) = error_type.and_then(|t| HeaderValue::from_str(t).ok()) {
+            headers.insert(ERROR_TYPE_HEADER, t);
+        }
+        let uri = match path.parse::<Uri>() {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::error!(error = %e, "request id is not usable in a path");
+                return;
+            }
+        };
+        let body = full(body.to_string());
+        match self.send(Method::POST, &uri, headers, body).await {
+            Ok(r) if r.status().is_success() => {
+                // Drain so the connection can be reused.
+                let _ = r.into_body().collect().await;
+            }
+            Ok(r) => {
+                let status = r.status();
+                let text = r.into_body().collect().await.map(|b| b.to_bytes());
+                tracing::error!(%status, body = ?text, "upstream refused our answer to the invocation");
+            }
+            Err(e) => tracing::error!(error = %e, "could not answer the invocation upstream"),
+        }
+    }
+
+    /// `POST {id}/response` or `{id}/error`: forward (streamed), then release and mark done.
+    async fn finish(
+        &self,
+        req: Request<Incoming>,
+        id: &str,
+    ) -> Result<Response<ProxyBody>, BoxError> {
+        let slot = self.invocations.get(id);
+        let span = slot.as_ref().map_or_else(tracing::Span::none, |s| s.span());
+        async move {
+            let (parts, body) = req.into_parts();
+            let (body, ended) = NotifyOnEnd::new(body);
+            let result = self
+                .send(parts.method, &parts.uri, parts.headers, boxed(body))
+                .await;
+            // The upstream answer can come before the whole body went up (streaming): release
+            // only once the body has ended (or failed, or was dropped).
+            let _ = ended.await;
+            if let Some(slot) = &slot {
+                self.release(slot).await;
+                slot.mark_done();
+            }
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Releases the lock held by `slot`, if any.
+    pub async fn release(&self, slot: &Slot) {
+        if let Some(held) = slot.take_held() {
+            self.release_held(held).await;
+        }
+    }
+
+    async fn release_held(&self, held: Held) {
+        let Held { guard, watcher } = held;
+        watcher.abort();
+        let failures = guard.heartbeat_failures();
+        if failures > 0 {
+            self.metrics.put(Metric::HeartbeatErrors, failures as f64);
+        }
+        match guard.release().await {
+            Ok(ReleaseOutcome::Released) => tracing::info!("lock released"),
+            Ok(ReleaseOutcome::Lost) => {
+                tracing::warn!("the lock had already been lost when the invocation ended")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "release failed; the row goes stale after one lease");
+                self.metrics.count(Metric::ReleaseErrors);
+            }
+        }
+    }
+
+    /// Releases every held lock, within `budget` (shutdown).
+    pub async fn release_all(&self, budget: Duration) {
+        let held = self.invocations.take_all_held();
+        let n = held.len();
+        let releases = futures::future::join_all(held.into_iter().map(|h| self.release_held(h)));
+        let all = async {
+            releases.await;
+            self.locker.flush().await;
+        };
+        if tokio::time::timeout(budget, all).await.is_err() {
+            tracing::error!(
+                held = n,
+                budget_ms = budget.as_millis() as u64,
+                "shutdown budget spent before every lock was released; they lapse within a lease"
+            );
+            self.metrics.count(Metric::ReleaseErrors);
+        } else if n > 0 {
+            tracing::info!(released = n, "released held locks at shutdown");
+        }
+    }
+}
+
+fn bad_gateway(e: BoxError) -> Response<ProxyBody> {
+    tracing::error!(error = %e, "upstream Runtime API request failed");
+    let body = serde_json::json!({
+        "errorType": "FlightlockProxyError",
+        "errorMessage": format!("flightlock proxy: upstream request failed: {e}"),
+    });
+    let mut resp = Response::new(full(body.to_string()));
+    *resp.status_mut() = StatusCode::BAD_GATEWAY;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}

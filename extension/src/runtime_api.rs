@@ -1,0 +1,93 @@
+//! The Runtime API as the proxy sees it: paths, header names and route classification (pure).
+
+use http::Method;
+
+/// Request id of the invocation (on `GET .../invocation/next` responses).
+pub const REQUEST_ID_HEADER: &str = "lambda-runtime-aws-request-id";
+/// Invocation deadline, epoch milliseconds (on `GET .../invocation/next` responses).
+pub const DEADLINE_HEADER: &str = "lambda-runtime-deadline-ms";
+/// Error type of an invocation error (on `POST .../error`).
+pub const ERROR_TYPE_HEADER: &str = "lambda-runtime-function-error-type";
+/// The Runtime API version the proxy answers for.
+pub const VERSION: &str = "2018-06-01";
+
+/// What a runtime request is, for the proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /2018-06-01/runtime/invocation/next`: the runtime asks for an event.
+    Next,
+    /// `POST /2018-06-01/runtime/invocation/{id}/response`.
+    Response(String),
+    /// `POST /2018-06-01/runtime/invocation/{id}/error`.
+    Error(String),
+    /// Anything else (`/runtime/init/error`, future paths): passed through unchanged.
+    Other,
+}
+
+/// Classifies a request by method and path.
+pub fn route(method: &Method, path: &str) -> Route {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (method, parts.as_slice()) {
+        (&Method::GET, [_version, "runtime", "invocation", "next"]) => Route::Next,
+        (&Method::POST, [_version, "runtime", "invocation", id, "response"]) if !id.is_empty() => {
+            Route::Response((*id).to_owned())
+        }
+        (&Method::POST, [_version, "runtime", "invocation", id, "error"]) if !id.is_empty() => {
+            Route::Error((*id).to_owned())
+        }
+        _ => Route::Other,
+    }
+}
+
+/// Path of `GET next`.
+pub fn next_path() -> String {
+    format!("/{VERSION}/runtime/invocation/next")
+}
+
+/// Path of the response of invocation `id`.
+pub fn response_path(id: &str) -> String {
+    format!("/{VERSION}/runtime/invocation/{id}/response")
+}
+
+/// Path of the error of invocation `id`.
+pub fn error_path(id: &str) -> String {
+    format!("/{VERSION}/runtime/invocation/{id}/error")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(
+            route(&Method::GET, "/2018-06-01/runtime/invocation/next"),
+            Route::Next
+        );
+        assert_eq!(
+            route(&Method::POST, "/2018-06-01/runtime/invocation/abc/response"),
+            Route::Response("abc".into())
+        );
+        assert_eq!(
+            route(&Method::POST, "/2018-06-01/runtime/invocation/abc/error"),
+            Route::Error("abc".into())
+        );
+        assert_eq!(
+            route(&Method::POST, "/2018-06-01/runtime/init/error"),
+            Route::Other
+        );
+        assert_eq!(
+            route(&Method::POST, "/2018-06-01/runtime/invocation/next"),
+            Route::Other
+        );
+        assert_eq!(
+            route(&Method::GET, "/2018-06-01/runtime/invocation//response"),
+            Route::Other
+        );
+        assert_eq!(
+            response_path("x"),
+            "/2018-06-01/runtime/invocation/x/response"
+        );
+        assert_eq!(error_path("x"), "/2018-06-01/runtime/invocation/x/error");
+    }
+}

@@ -1,0 +1,62 @@
+"""A small single-flight demo job for the flightlock layer, also used by the end-to-end tests.
+
+Run it with any Python managed runtime (or awslambdaric) and the flightlock layer:
+AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper, FLIGHTLOCK_TABLE=<lock table>.
+
+The event selects a behaviour (all fields optional):
+  {"sleepMs": 500}             work for 500 ms, then answer {"ok": true, ...}
+  {"mode": "error"}            raise an exception (an invocation error)
+  {"mode": "crash"}            exit the process in the middle of the invocation
+  {"mode": "timeout"}          sleep far past any function timeout
+  {"mode": "big", "size": N}   answer a string of N bytes
+If DEMO_RECORD_FILE is set, one JSON line per start and end of the handler is appended to it,
+so a test can check that no two runs overlapped.
+"""
+
+import json
+import os
+import time
+
+PATTERN = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def _record(what, context, event):
+    path = os.environ.get("DEMO_RECORD_FILE")
+    if not path:
+        return
+    line = json.dumps(
+        {
+            "what": what,
+            "requestId": context.aws_request_id,
+            "seq": event.get("seq") if isinstance(event, dict) else None,
+            "env": os.environ.get("DEMO_ENV_NAME", ""),
+            "ns": time.time_ns(),
+        }
+    )
+    # One write of a short line with O_APPEND: lines of concurrent writers never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def handler(event, context):
+    event = event if isinstance(event, dict) else {}
+    _record("start", context, event)
+    mode = event.get("mode", "ok")
+    time.sleep(int(event.get("sleepMs", 0)) / 1000.0)
+    if mode == "crash":
+        os._exit(3)
+    if mode == "timeout":
+        time.sleep(3600)
+    if mode == "error":
+        _record("end", context, event)
+        raise RuntimeError("demo failure requested by the event")
+    if mode == "big":
+        size = int(event.get("size", 0))
+        body = (PATTERN * (size // len(PATTERN) + 1))[:size]
+        _record("end", context, event)
+        return body
+    _record("end", context, event)
+    return {"ok": True, "requestId": context.aws_request_id, "seq": event.get("seq")}
