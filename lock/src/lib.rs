@@ -49,6 +49,8 @@ pub mod config;
 pub mod error;
 mod guard;
 mod heartbeat;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 pub mod liveness;
 mod locker;
 pub mod options;
