@@ -1,0 +1,190 @@
+//! The real `flightlock-cleanup` binary under the Lambda Runtime Interface Emulator (shipped in
+//! the aws-sam-cli wheel that `scripts/check-template --install` puts in .tools/template-venv),
+//! against DynamoDB Local: the invocation returns the summary, and stdout carries the EMF line.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flightlock::schema::{queue_sk, s, NewRow, PK, SK};
+use flightlock::{Clock, HolderInfo, SystemClock};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The emulator binary for this machine, installing the tools if needed.
+fn rie() -> PathBuf {
+    let status = Command::new(repo_root().join("scripts/check-template"))
+        .arg("--install")
+        .status()
+        .unwrap();
+    assert!(status.success(), "scripts/check-template --install failed");
+    let arch = match std::env::consts::ARCH {
+        "aarch64" => "arm64",
+        _ => "x86_64",
+    };
+    let lib = repo_root().join(".tools/template-venv/lib");
+    for entry in std::fs::read_dir(&lib).unwrap().flatten() {
+        let candidate = entry
+            .path()
+            .join("site-packages/samcli/local/rapid")
+            .join(format!("aws-lambda-rie-{arch}"));
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("no aws-lambda-rie-{arch} under {}", lib.display());
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the emulator (and with it the function) when the test ends, even on panic.
+struct Emulator(Child);
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn invoke(port: u16, body: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stream = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("emulator never listened: {e}"),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /2015-03-31/functions/function/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{response}");
+    body.to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_function_sweeps_under_the_runtime_emulator() {
+    let endpoint = flightlock_testkit::require_endpoint();
+    let client = flightlock_testkit::client(&endpoint).await;
+    let table = flightlock_testkit::unique_table("cleanup_rie");
+    flightlock::table::create_table(&client, &table)
+        .await
+        .unwrap();
+    let holder = HolderInfo::default();
+    let now = SystemClock.wall_ms();
+    let item = NewRow {
+        key: "dead",
+        ticket: 1,
+        owner: "o",
+        lease_until_ms: now - 3_600_000,
+        lease_ms: 20_000,
+        grace_ms: 3_600_000,
+        rvn: "r",
+        now_ms: now - 3_620_000,
+        granted: true,
+        holder: &holder,
+    }
+    .to_item();
+    client
+        .put_item()
+        .table_name(&table)
+        .set_item(Some(item))
+        .send()
+        .await
+        .unwrap();
+
+    let rie = tokio::task::spawn_blocking(rie).await.unwrap();
+    let port = free_port();
+    let stdout = std::env::temp_dir().join(format!("{table}.out"));
+    let child = Command::new(rie)
+        .arg("--runtime-interface-emulator-address")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(env!("CARGO_BIN_EXE_flightlock-cleanup"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("FLIGHTLOCK_TABLE", &table)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_LAMBDA_FUNCTION_TIMEOUT", "30")
+        .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        // The emulator's own log; shown by the assertion below when the EMF check fails.
+        .stderr(std::fs::File::create(stdout.with_extension("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let _emulator = Emulator(child);
+
+    let dry = include_str!("../../../events/cleanup-dry-run.json").to_owned();
+    let body = tokio::task::spawn_blocking(move || invoke(port, &dry))
+        .await
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(summary["dryRun"], true, "{body}");
+    assert_eq!(summary["dead"], 1);
+    assert_eq!(summary["deleted"], 0);
+    assert_eq!(summary["complete"], true);
+
+    let scheduled = include_str!("../../../events/scheduled.json").to_owned();
+    let body = tokio::task::spawn_blocking(move || invoke(port, &scheduled))
+        .await
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(summary["deleted"], 1, "{body}");
+    let gone = client
+        .get_item()
+        .table_name(&table)
+        .key(PK, s("dead"))
+        .key(SK, s(&queue_sk(1)))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .is_none();
+    assert!(gone);
+
+    // The function's stdout: JSON logs and one EMF document per invocation.
+    let out = std::fs::read_to_string(&stdout).unwrap();
+    let emf: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("_aws").is_some())
+        .collect();
+    let emulator_log = std::fs::read_to_string(stdout.with_extension("err")).unwrap_or_default();
+    assert_eq!(emf.len(), 2, "{out}\n{emulator_log}");
+    assert_eq!(emf[1]["SweepDeleted"], 1);
+    assert_eq!(emf[1]["Table"], table.as_str());
+    let logs = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|v| v["fields"]["message"] == "sweep finished");
+    assert!(logs, "no JSON log line for the sweep:\n{out}");
+    let _ = std::fs::remove_file(&stdout);
+    let _ = std::fs::remove_file(stdout.with_extension("err"));
+}
