@@ -58,6 +58,8 @@
 //! $0.125 per million read units (us-east-1). Every 5 minutes (8,640 sweeps a month) that is
 //! about 8.4 million read units, **≈ $1.06 per month**; hourly, ≈ $0.09 per month. Each dead row
 //! deleted costs one write unit (a failed conditional delete too): $0.625 per million.
+//! Measured by `examples/sweep_bench.rs` on DynamoDB Local (which reports consumed capacity like
+//! DynamoDB): 110,000 items of 62 bytes on average, 7 pages, **829.5** read units per sweep.
 //!
 //! The alternative is a sparse GSI keyed on `leaseUntilMs` (projected only from queue rows), so
 //! a sweep would `Query` just the dead rows and read almost nothing. But `leaseUntilMs` changes
