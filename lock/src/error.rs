@@ -77,7 +77,7 @@ pub enum Error {
         problem: String,
     },
     /// The key stayed held for the whole wait (`wait = 0`: it was held).
-    #[error("lock `{key}` is busy: {} (gave up after {waited:?})", describe_holder(.holder))]
+    #[error("lock `{key}` is busy: {} (gave up after {waited:.1?})", describe_holder(.holder))]
     Busy {
         /// Lock key.
         key: String,

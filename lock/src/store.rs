@@ -407,7 +407,11 @@ impl Store {
             Kind::Retry(throttled) => Failure::Retry {
                 throttled,
                 operation,
-                source: Box::new(err),
+                source: Box::new(ServiceError {
+                    code,
+                    message,
+                    source: Box::new(err),
+                }),
             },
             Kind::NotFound => Failure::Fatal(Error::TableNotFound {
                 table: self.table.to_string(),
@@ -419,11 +423,50 @@ impl Store {
             }),
             Kind::Other => Failure::Fatal(Error::Dynamo {
                 operation,
-                source: Box::new(err),
+                source: Box::new(ServiceError {
+                    code,
+                    message,
+                    source: Box::new(err),
+                }),
             }),
         }
     }
 }
+
+/// An SDK error shown the way a person wants to read it (`Code: message`), keeping the SDK's
+/// error as its source.
+#[derive(Debug)]
+pub(crate) struct ServiceError {
+    code: String,
+    message: String,
+    source: BoxError,
+}
+
+impl std::fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code.is_empty(), self.message.is_empty()) {
+            (false, false) => write!(f, "{}: {}", self.code, self.message),
+            (false, true) => f.write_str(&self.code),
+            _ => {
+                // No service code (a connection or timeout failure): the chain of causes, each
+                // once, e.g. "dispatch failure: io error: ...: Connection refused (os error 111)".
+                let mut parts: Vec<String> = Vec::new();
+                let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*self.source);
+                while let Some(e) = next {
+                    let s = e.to_string();
+                    if parts.last() != Some(&s) {
+                        parts.push(s);
+                    }
+                    next = e.source();
+                }
+                f.write_str(&parts.join(": "))
+            }
+        }
+    }
+}
+
+/// The SDK error is kept for `Debug`; the display above already carries its causes.
+impl std::error::Error for ServiceError {}
 
 fn fatal_build(operation: &'static str, e: aws_sdk_dynamodb::error::BuildError) -> Failure {
     Failure::Fatal(Error::Dynamo {

@@ -158,7 +158,11 @@ async fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("flightlock: {e:#}");
+            // The lock's errors say everything in their own message; others carry context.
+            match e.downcast_ref::<flightlock::Error>() {
+                Some(lock_error) => eprintln!("flightlock: {lock_error}"),
+                None => eprintln!("flightlock: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }
