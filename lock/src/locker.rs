@@ -10,7 +10,7 @@
 //!            │ counter moved ─► (from hint: read again) (from read: wait = 0 ⇒ Busy, else retry L')
 //!            │ ok, queue was clear ─► granted
 //!            ▼ ok, someone ahead
-//!  poll: Query(pk) every `poll` (×2 per place further back); delete stale rows ahead
+//!  poll: Query(pk) every `poll` (backing off while the queue stands still); delete stale rows ahead
 //!  conditionally; granted when no live row is ahead; give up at the wait deadline
 //!  (delete our row).
 //! ```

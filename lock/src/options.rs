@@ -69,8 +69,9 @@ pub struct LockOptions {
     pub lease: Duration,
     /// Heartbeat interval. Default: a third of the lease. Must be at most half the lease.
     pub heartbeat: Option<Duration>,
-    /// Poll interval of the waiter next in line. Default 100 ms. Waiters further back poll
-    /// less often (doubling per place, up to `max_poll`), each with ±25 % jitter.
+    /// Poll interval of the waiter next in line, and of any waiter while the queue moves.
+    /// Default 100 ms. A waiter further back whose place has not changed backs off (see
+    /// [`crate::liveness::poll_interval`]), up to `max_poll`; all with ±25 % jitter.
     pub poll: Duration,
     /// Longest poll interval. Default 2 s.
     pub max_poll: Duration,
