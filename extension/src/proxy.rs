@@ -264,9 +264,13 @@ impl Proxy {
             }
             Err(e @ LockError::Busy { .. }) => {
                 let held_by = match &e {
-                    LockError::Busy { holder, .. } => holder.as_deref(),
-                    _ => None,
+                    LockError::Busy {
+                        holder: Some(h), ..
+                    } => Some((**h).clone()),
+                    // Lost the race to enqueue: one more read names the holder for the body.
+                    _ => current_holder(&self.locker, &key, opts.clock_skew).await,
                 };
+                let held_by = held_by.as_ref();
                 match self.config.on_busy {
                     OnBusy::Skip => {
                         tracing::info!(reason = %e, "key busy: invocation skipped");
@@ -406,6 +410,28 @@ impl Proxy {
             self.metrics.count(Metric::ReleaseErrors);
         } else if n > 0 {
             tracing::info!(released = n, "released held locks at shutdown");
+        }
+    }
+}
+
+/// The holder of `key` right now, if any (for the skip body).
+pub async fn current_holder(
+    locker: &Locker,
+    key: &str,
+    skew: flightlock::ClockSkew,
+) -> Option<flightlock::HeldBy> {
+    match locker.queue(key, skew).await {
+        Ok(entries) => entries
+            .into_iter()
+            .find(|e| e.state == flightlock::EntryState::Holding)
+            .map(|e| flightlock::HeldBy {
+                ticket: e.ticket,
+                owner: e.owner,
+                info: e.holder,
+            }),
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read the holder");
+            None
         }
     }
 }

@@ -1,0 +1,369 @@
+//! End-to-end: the flightlock layer (extension + wrapper) and the in-process layer in emulated
+//! Lambda environments. See the crate docs for how to run them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use flightlock_e2e::{assert_no_overlap, runs, table, Env, Runtime, Spec};
+use serde_json::json;
+
+fn record_file(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "flightlock-e2e-{}-{name}-{}.jsonl",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ))
+}
+
+async fn start_all(
+    prefix: &str,
+    specs: &[Spec],
+    endpoint: &str,
+    table: &str,
+    record: &Path,
+) -> Vec<Env> {
+    let mut envs = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        envs.push(Env::start(&format!("{prefix}{i}"), spec, endpoint, table, record).await);
+    }
+    envs
+}
+
+async fn stop_all(envs: Vec<Env>) {
+    for e in envs {
+        e.stop().await;
+    }
+}
+
+/// Fires one invocation per environment at once; returns the responses in env order.
+async fn invoke_all(
+    envs: &[Env],
+    event: impl Fn(usize) -> serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let calls = envs.iter().enumerate().map(|(i, e)| {
+        let ev = event(i);
+        async move {
+            let r = e.invoke(ev).await;
+            assert_eq!(r.status, 200, "{}: {:?}", e.name, r.body);
+            r.json()
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
+/// Checks a single-flight round with wait = 0: one ran, the others were skipped with the
+/// documented body naming the holder, and no two handler runs overlapped.
+fn check_skip_round(responses: &[serde_json::Value], record: &Path, key: &str) {
+    let ran: Vec<_> = responses.iter().filter(|r| r["ok"] == true).collect();
+    let skipped: Vec<_> = responses
+        .iter()
+        .filter(|r| r["flightlock"]["skipped"] == true)
+        .collect();
+    assert_eq!(ran.len() + skipped.len(), responses.len(), "{responses:#?}");
+    assert!(!ran.is_empty() && !skipped.is_empty(), "{responses:#?}");
+    let ran_ids: Vec<&str> = ran
+        .iter()
+        .map(|r| r["requestId"].as_str().unwrap())
+        .collect();
+    for s in &skipped {
+        assert_eq!(s["flightlock"]["key"], key);
+        let holder = s["flightlock"]["heldBy"]["requestId"].as_str().unwrap();
+        assert!(
+            ran_ids.contains(&holder),
+            "skipped body names {holder}, ran: {ran_ids:?}"
+        );
+        assert!(s["flightlock"]["heldBy"]["ticket"].as_u64().unwrap() >= 1);
+    }
+    let runs = runs(record);
+    assert_eq!(runs.len(), ran.len(), "{runs:#?}");
+    assert_no_overlap(&runs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_flight_skip_across_python_environments() {
+    let (endpoint, table) = table("e2e_skip").await;
+    let record = record_file("skip");
+    let specs: Vec<Spec> = (0..4)
+        .map(|_| Spec::layered("nightly", Runtime::Python).with("FLIGHTLOCK_WAIT", "0"))
+        .collect();
+    let envs = start_all("py", &specs, &endpoint, &table, &record).await;
+    // Cold round (init happens at the first invoke), then a warm round.
+    for _round in 0..2 {
+        let _ = std::fs::remove_file(&record);
+        let responses = invoke_all(&envs, |i| json!({"seq": i, "sleepMs": 2000})).await;
+        check_skip_round(&responses, &record, "nightly");
+    }
+    for e in &envs {
+        assert!(
+            e.log().contains("\"Skipped\"") || e.log().contains("\"Acquired\""),
+            "EMF metrics missing:\n{}",
+            e.log()
+        );
+        assert!(!e.log().contains("UNENFORCED"), "{}", e.log());
+    }
+    stop_all(envs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_flight_fifo_with_wait_across_rust_and_python() {
+    let (endpoint, table) = table("e2e_fifo").await;
+    let record = record_file("fifo");
+    let specs = vec![
+        Spec::layered("report", Runtime::Rust).with("FLIGHTLOCK_WAIT", "forever"),
+        Spec::layered("report", Runtime::Python).with("FLIGHTLOCK_WAIT", "forever"),
+        Spec::layered("report", Runtime::Rust).with("FLIGHTLOCK_WAIT", "forever"),
+        Spec::layered("report", Runtime::Python).with("FLIGHTLOCK_WAIT", "forever"),
+    ];
+    let envs = start_all("mix", &specs, &endpoint, &table, &record).await;
+    // Warm every environment (init) so arrival order is the order we invoke in.
+    for e in &envs {
+        let r = e.invoke(json!({"seq": -1})).await;
+        assert_eq!(r.json()["ok"], true, "{}", e.log());
+    }
+    let _ = std::fs::remove_file(&record);
+    let calls = envs.iter().enumerate().map(|(i, e)| async move {
+        tokio::time::sleep(Duration::from_millis(400 * i as u64)).await;
+        e.invoke(json!({"seq": i, "sleepMs": 1000})).await.json()
+    });
+    let responses = futures::future::join_all(calls).await;
+    for (i, r) in responses.iter().enumerate() {
+        assert_eq!(r["ok"], true, "{i}: {r}");
+    }
+    let runs = runs(&record);
+    assert_eq!(runs.len(), envs.len());
+    assert_no_overlap(&runs);
+    let order: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
+    assert_eq!(
+        order,
+        vec![0, 1, 2, 3],
+        "granted out of arrival order: {runs:#?}"
+    );
+    stop_all(envs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_layer_single_flight_for_rust() {
+    let (endpoint, table) = table("e2e_inproc").await;
+    let record = record_file("inproc");
+    let specs: Vec<Spec> = (0..3)
+        .map(|_| Spec {
+            extension: false,
+            wrapper: false,
+            ..Spec::layered("inproc", Runtime::RustInProcess)
+        })
+        .collect();
+    let envs = start_all("rs", &specs, &endpoint, &table, &record).await;
+    for _ in 0..2 {
+        let _ = std::fs::remove_file(&record);
+        let responses = invoke_all(&envs, |i| json!({"seq": i, "sleepMs": 2000})).await;
+        check_skip_round(&responses, &record, "inproc");
+    }
+    stop_all(envs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_crash_and_timeout_release_the_lock() {
+    let (endpoint, table) = table("e2e_fail").await;
+    let record = record_file("fail");
+    // Lease 2 s: a lock that was not released would hold the key for at least 2 s + skew.
+    let spec = Spec {
+        timeout_secs: 6,
+        ..Spec::layered("fragile", Runtime::Python)
+            .with("FLIGHTLOCK_WAIT", "forever")
+            .with("FLIGHTLOCK_LEASE", "2s")
+    };
+    let env = Env::start("fail", &spec, &endpoint, &table, &record).await;
+    let ok = env.invoke(json!({"seq": 0})).await;
+    assert_eq!(ok.json()["ok"], true, "{}", env.log());
+
+    // A handler error: the error reaches the caller and the lock is released at once.
+    let r = env.invoke(json!({"seq": 1, "mode": "error"})).await;
+    assert_eq!(r.json()["errorType"], "RuntimeError", "{:?}", r.body);
+    let t = Instant::now();
+    assert_eq!(env.invoke(json!({"seq": 2})).await.json()["ok"], true);
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "after an error: {:?}",
+        t.elapsed()
+    );
+
+    // A timeout: Lambda resets the sandbox, SHUTDOWN releases the lock.
+    let r = env.invoke(json!({"seq": 3, "mode": "timeout"})).await;
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("timed out"),
+        "{:?}",
+        r.body
+    );
+    assert!(
+        env.wait_log("released held locks at shutdown", Duration::from_secs(3))
+            .await,
+        "{}",
+        env.log()
+    );
+    assert_eq!(
+        env.invoke(json!({"seq": 4})).await.json()["ok"],
+        true,
+        "{}",
+        env.log()
+    );
+
+    // A crash: the sandbox (extension included) is killed, so the lock is passed over once its
+    // lease lapses, and the next invocation (which waits) runs.
+    let r = env.invoke(json!({"seq": 5, "mode": "crash"})).await;
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("Runtime.ExitError"),
+        "{:?}",
+        r.body
+    );
+    let t = Instant::now();
+    assert_eq!(
+        env.invoke(json!({"seq": 6})).await.json()["ok"],
+        true,
+        "{}",
+        env.log()
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "after a crash: {:?}",
+        t.elapsed()
+    );
+
+    let runs = runs(&record);
+    let seqs: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
+    assert_eq!(seqs, vec![0, 1, 2, 3, 4, 5, 6]);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_event_and_response_are_byte_identical_and_headers_kept() {
+    let (endpoint, table) = table("e2e_big").await;
+    let record = record_file("big");
+    for stream in [false, true] {
+        let mut spec = Spec::layered("big", Runtime::Raw);
+        if stream {
+            spec = spec.with("RAW_STREAM", "1");
+        }
+        let env = Env::start(
+            if stream { "stream" } else { "big" },
+            &spec,
+            &endpoint,
+            &table,
+            &record,
+        )
+        .await;
+        // 6 MB minus a little: Lambda's synchronous limit is 6 MB for the event and the response.
+        let size = 6 * 1024 * 1024 - 4096;
+        let event: Vec<u8> = {
+            let mut v = Vec::with_capacity(size);
+            v.extend_from_slice(b"{\"data\":\"");
+            let mut x: u32 = 7;
+            while v.len() < size - 2 {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                v.push(b'a' + ((x >> 16) % 26) as u8);
+            }
+            v.extend_from_slice(b"\"}");
+            v
+        };
+        let response: Vec<u8> = event.iter().rev().copied().collect();
+        std::fs::write(env.dir.join("response.bin"), &response).unwrap();
+        let context = "eyJjdXN0b20iOnsiayI6InYifX0="; // {"custom":{"k":"v"}}
+        let r = env
+            .invoke_with(event.clone(), &[("X-Amz-Client-Context", context)])
+            .await;
+        assert_eq!(r.status, 200, "{}", env.log());
+        assert!(
+            r.body.len() == response.len() && r.body == response,
+            "response differs ({} vs {} bytes); log:\n{}",
+            r.body.len(),
+            response.len(),
+            env.log()
+        );
+        let got = std::fs::read(env.dir.join("1.event")).unwrap();
+        assert!(
+            got == event,
+            "event differs ({} vs {} bytes)",
+            got.len(),
+            event.len()
+        );
+        let headers: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(env.dir.join("1.headers.json")).unwrap())
+                .unwrap();
+        let cc = headers["lambda-runtime-client-context"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            cc == context || cc.contains("custom"),
+            "client context lost: {headers}"
+        );
+        for h in [
+            "lambda-runtime-aws-request-id",
+            "lambda-runtime-deadline-ms",
+            "lambda-runtime-invoked-function-arn",
+            "content-type",
+        ] {
+            assert!(headers.get(h).is_some(), "header {h} lost: {headers}");
+        }
+        assert!(env.log().contains("lock released"), "{}", env.log());
+        env.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wrapper_invocations_run_unenforced_and_are_reported() {
+    let (endpoint, table) = table("e2e_unenforced").await;
+    let record = record_file("unenforced");
+    let spec = Spec {
+        wrapper: false,
+        ..Spec::layered("nowrapper", Runtime::Python)
+    };
+    let env = Env::start("nowrap", &spec, &endpoint, &table, &record).await;
+    for seq in 0..2 {
+        let r = env.invoke(json!({"seq": seq})).await;
+        assert_eq!(r.json()["ok"], true, "{}", env.log());
+    }
+    assert!(
+        env.wait_log("\"UnenforcedInvocations\":1", Duration::from_secs(5))
+            .await,
+        "{}",
+        env.log()
+    );
+    let log = env.log();
+    assert_eq!(
+        log.matches("UNENFORCED: this invocation").count(),
+        2,
+        "{log}"
+    );
+    assert!(!log.contains("lock acquired"), "{log}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_flightlock_value_fails_init_naming_the_variable() {
+    let (endpoint, table) = table("e2e_badcfg").await;
+    let record = record_file("badcfg");
+    let spec = Spec::layered("badcfg", Runtime::Python).with("FLIGHTLOCK_WAIT", "soon");
+    let env = Env::start("badcfg", &spec, &endpoint, &table, &record).await;
+    let r = env.invoke(json!({"seq": 0})).await;
+    let body = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(
+        body.contains("errorType") || r.status >= 400,
+        "init should fail: {body}"
+    );
+    assert!(
+        env.wait_log(
+            "FLIGHTLOCK_WAIT=\"soon\" is invalid",
+            Duration::from_secs(3)
+        )
+        .await,
+        "{}",
+        env.log()
+    );
+    assert!(env.log().contains("accepted: 0, forever"), "{}", env.log());
+    assert!(runs(&record).is_empty(), "the handler must not run");
+    env.stop().await;
+}
