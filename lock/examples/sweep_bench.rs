@@ -80,7 +80,8 @@ fn dead_row(key: &str, now_ms: i64) -> HashMap<String, AttributeValue> {
         owner: "0b9c8f1e-6f7a-4f57-9a58-5a1d1f7e2c33",
         lease_until_ms: now_ms - 3_600_000,
         lease_ms: 20_000,
-        grace_ms: 3_600_000,
+        // expiresAt 30 days ahead, so DynamoDB Local's TTL never removes a row before the sweep.
+        grace_ms: 30 * 86_400_000,
         rvn: "4d3c2b1a",
         now_ms: now_ms - 3_620_000,
         granted: true,

@@ -16,6 +16,10 @@ use flightlock::{Clock, HolderInfo, LockOptions, Locker, SkewedClock, SystemCloc
 use flightlock_testkit::{Fault, FaultProxy, Rule};
 
 const HOUR_MS: i64 = 3_600_000;
+/// TTL grace of the rows the tests write: `expiresAt` lies 30 days after the lease end, so
+/// DynamoDB Local, which really runs TTL, never removes a row under a test's feet. The sweeper
+/// exists precisely for dead rows that TTL has not removed yet.
+const TTL_GRACE_MS: i64 = 30 * 24 * HOUR_MS;
 
 struct Env {
     endpoint: String,
@@ -57,7 +61,7 @@ impl Env {
             owner,
             lease_until_ms,
             lease_ms: 20_000,
-            grace_ms: HOUR_MS,
+            grace_ms: TTL_GRACE_MS,
             rvn: "rvn-1",
             now_ms: lease_until_ms - 20_000,
             granted: true,
@@ -142,7 +146,7 @@ impl Env {
             .expression_attribute_names("#o", schema::OWNER)
             .expression_attribute_values(":o", s(owner))
             .expression_attribute_values(":u", n(until))
-            .expression_attribute_values(":e", n(schema::ttl_seconds(until + HOUR_MS)))
+            .expression_attribute_values(":e", n(schema::ttl_seconds(until + TTL_GRACE_MS)))
             .expression_attribute_values(":r", s("rvn-2"))
             .send()
             .await
@@ -318,7 +322,7 @@ async fn a_row_heartbeated_between_read_and_delete_survives() {
     env.row("vanishes", 5, "o-vanishes", t - HOUR_MS).await;
     env.row("plain", 5, "o-plain", t - HOUR_MS).await;
     let (sweeper, proxy) = env.proxied_sweeper().await;
-    let hold = Duration::from_millis(1500);
+    let hold = Duration::from_secs(3);
     proxy.add_rule(
         Rule::new(Fault::DelayRequest(hold))
             .on("DeleteItem")
@@ -333,7 +337,7 @@ async fn a_row_heartbeated_between_read_and_delete_survives() {
     );
     let sweep = tokio::spawn(async move { sweeper.sweep(&SweepOptions::default()).await });
     // Both deletes are held in the proxy: the sweeper has read both rows as dead.
-    for _ in 0..500 {
+    for _ in 0..2000 {
         if proxy.faults_applied() == 2 {
             break;
         }
@@ -420,7 +424,7 @@ async fn the_time_budget_stops_early_and_the_sweep_resumes() {
                 owner: "o",
                 lease_until_ms: t - HOUR_MS,
                 lease_ms: 20_000,
-                grace_ms: HOUR_MS,
+                grace_ms: TTL_GRACE_MS,
                 rvn: "r",
                 now_ms: t - HOUR_MS,
                 granted: true,

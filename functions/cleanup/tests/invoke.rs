@@ -35,7 +35,8 @@ async fn table_with_rows(name: &str) -> (aws_sdk_dynamodb::Client, String) {
             owner: "o",
             lease_until_ms: until,
             lease_ms: 20_000,
-            grace_ms: 3_600_000,
+            // expiresAt 30 days ahead: DynamoDB Local runs TTL, which must not race the test.
+            grace_ms: 30 * 86_400_000,
             rvn: "r",
             now_ms: until - 20_000,
             granted: true,

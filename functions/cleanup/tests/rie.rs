@@ -100,7 +100,8 @@ async fn the_function_sweeps_under_the_runtime_emulator() {
         owner: "o",
         lease_until_ms: now - 3_600_000,
         lease_ms: 20_000,
-        grace_ms: 3_600_000,
+        // expiresAt 30 days ahead: DynamoDB Local runs TTL, which must not race the test.
+        grace_ms: 30 * 86_400_000,
         rvn: "r",
         now_ms: now - 3_620_000,
         granted: true,
