@@ -1,0 +1,338 @@
+//! Overhead benchmark of the flightlock extension (run it in release mode):
+//!
+//! ```text
+//! cargo build --release -p flightlock-extension
+//! scripts/dynamodb-local run -- cargo run --release -p flightlock-extension --example bench [-- N]
+//! ```
+//!
+//! It starts the release extension binary against an in-process fake Lambda API (Runtime API +
+//! Extensions API on 127.0.0.1) and DynamoDB Local, plays the runtime itself, and reports:
+//! - the proxy hop alone: a passed-through request via the proxy vs. straight to the API;
+//! - a whole invocation (GET next + POST response) via the proxy (lock acquire + release against
+//!   DynamoDB Local included) vs. straight to the API;
+//! - init time (spawn → registered with the proxy listening), resident memory (VmRSS / VmHWM);
+//! - the layer zip sizes, if `make layer` has built them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, Notify};
+
+/// The fake Lambda API.
+#[derive(Default)]
+struct Api {
+    runtime_events: Mutex<VecDeque<String>>,
+    runtime_ready: Notify,
+    ext_events: Mutex<VecDeque<serde_json::Value>>,
+    ext_ready: Notify,
+    registered: Mutex<Option<Instant>>,
+}
+
+async fn pop<T>(q: &Mutex<VecDeque<T>>, ready: &Notify) -> T {
+    loop {
+        let notified = ready.notified();
+        if let Some(v) = q.lock().await.pop_front() {
+            return v;
+        }
+        notified.await;
+    }
+}
+
+fn resp(status: u16, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+    r
+}
+
+async fn api(
+    state: Arc<Api>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let path = req.uri().path().to_owned();
+    let _ = req.into_body().collect().await?;
+    Ok(match path.as_str() {
+        "/2020-01-01/extension/register" => {
+            *state.registered.lock().await = Some(Instant::now());
+            let mut r = resp(
+                200,
+                r#"{"functionName":"bench","functionVersion":"$LATEST","handler":"x"}"#,
+            );
+            r.headers_mut()
+                .insert("lambda-extension-identifier", "ext-1".parse().unwrap());
+            r
+        }
+        "/2020-01-01/extension/event/next" => {
+            let ev = pop(&state.ext_events, &state.ext_ready).await;
+            resp(200, ev.to_string())
+        }
+        "/2018-06-01/runtime/invocation/next" => {
+            let id = pop(&state.runtime_events, &state.runtime_ready).await;
+            let deadline = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis()
+                + 60_000;
+            let mut r = resp(200, r#"{"detail":{"job":"bench"}}"#);
+            let h = r.headers_mut();
+            h.insert("lambda-runtime-aws-request-id", id.parse().unwrap());
+            h.insert(
+                "lambda-runtime-deadline-ms",
+                deadline.to_string().parse().unwrap(),
+            );
+            h.insert(
+                "lambda-runtime-invoked-function-arn",
+                "arn:aws:lambda:us-east-1:000000000000:function:bench"
+                    .parse()
+                    .unwrap(),
+            );
+            r
+        }
+        _ => resp(202, r#"{"status":"OK"}"#),
+    })
+}
+
+async fn serve(listener: TcpListener, state: Arc<Api>) {
+    loop {
+        let (s, _) = listener.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(s), service_fn(move |r| api(state.clone(), r)))
+                .await;
+        });
+    }
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn call(client: &HttpClient, method: &str, addr: SocketAddr, path: &str) -> Bytes {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::from_static(b"{\"ok\":true}")))
+        .unwrap();
+    let r = client.request(req).await.unwrap();
+    assert!(r.status().is_success(), "{path}: {}", r.status());
+    r.into_body().collect().await.unwrap().to_bytes()
+}
+
+/// One invocation as a runtime sees it: next, then response.
+async fn invocation(client: &HttpClient, state: &Api, addr: SocketAddr, id: &str) {
+    state.runtime_events.lock().await.push_back(id.to_owned());
+    state.runtime_ready.notify_one();
+    let _event = call(client, "GET", addr, "/2018-06-01/runtime/invocation/next").await;
+    call(
+        client,
+        "POST",
+        addr,
+        &format!("/2018-06-01/runtime/invocation/{id}/response"),
+    )
+    .await;
+}
+
+fn pct(mut v: Vec<Duration>, p: f64) -> f64 {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i].as_secs_f64() * 1000.0
+}
+
+fn rss_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(500);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bin = root.join("target/release/flightlock-extension");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo build --release -p flightlock-extension` first",
+        bin.display()
+    );
+    let endpoint = flightlock_testkit::require_endpoint();
+    let table = flightlock_testkit::unique_table("bench_ext");
+    flightlock::table::create_table(&flightlock_testkit::client(&endpoint).await, &table)
+        .await
+        .unwrap();
+
+    let state = Arc::new(Api::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, state.clone()));
+    let proxy_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let proxy_addr: SocketAddr = format!("127.0.0.1:{proxy_port}").parse().unwrap();
+
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(&bin)
+        .env_clear()
+        .env("AWS_LAMBDA_RUNTIME_API", api_addr.to_string())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FLIGHTLOCK_TABLE", &table)
+        .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
+        .env("FLIGHTLOCK_LOG_LEVEL", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let registered = loop {
+        if let Some(t) = *state.registered.lock().await {
+            break t;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the extension did not register"
+        );
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    };
+    let init = registered - started;
+    let rss_idle = rss_kb(pid, "VmRSS:").unwrap_or(0);
+
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    // Warm up both paths (connections, the SDK's first request).
+    for i in 0..20 {
+        call(&client, "POST", api_addr, "/2018-06-01/runtime/init/error").await;
+        call(
+            &client,
+            "POST",
+            proxy_addr,
+            "/2018-06-01/runtime/init/error",
+        )
+        .await;
+        invocation(&client, &state, api_addr, &format!("warm-d-{i}")).await;
+        invocation(&client, &state, proxy_addr, &format!("warm-p-{i}")).await;
+    }
+    let (mut hop_direct, mut hop_proxy, mut inv_direct, mut inv_proxy) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let t = Instant::now();
+        call(&client, "POST", api_addr, "/2018-06-01/runtime/init/error").await;
+        hop_direct.push(t.elapsed());
+        let t = Instant::now();
+        call(
+            &client,
+            "POST",
+            proxy_addr,
+            "/2018-06-01/runtime/init/error",
+        )
+        .await;
+        hop_proxy.push(t.elapsed());
+        let t = Instant::now();
+        invocation(&client, &state, api_addr, &format!("d-{i}")).await;
+        inv_direct.push(t.elapsed());
+        let t = Instant::now();
+        invocation(&client, &state, proxy_addr, &format!("p-{i}")).await;
+        inv_proxy.push(t.elapsed());
+    }
+    let rss_peak = rss_kb(pid, "VmHWM:").unwrap_or(0);
+    let rss_after = rss_kb(pid, "VmRSS:").unwrap_or(0);
+
+    // SHUTDOWN: the extension releases and exits.
+    let deadline = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 2000;
+    state.ext_events.lock().await.push_back(serde_json::json!({
+        "eventType": "SHUTDOWN", "shutdownReason": "spindown", "deadlineMs": deadline as u64
+    }));
+    state.ext_ready.notify_one();
+    let exited = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+
+    let (d50, d99) = (pct(hop_direct.clone(), 0.5), pct(hop_direct, 0.99));
+    let (p50, p99) = (pct(hop_proxy.clone(), 0.5), pct(hop_proxy, 0.99));
+    let (id50, id99) = (pct(inv_direct.clone(), 0.5), pct(inv_direct, 0.99));
+    let (ip50, ip99) = (pct(inv_proxy.clone(), 0.5), pct(inv_proxy, 0.99));
+    println!("flightlock extension benchmark ({n} samples each, release build, DynamoDB Local at {endpoint})");
+    println!("  {:<58} {:>10} {:>10}", "measure", "p50 ms", "p99 ms");
+    println!(
+        "  {:<58} {d50:>10.3} {d99:>10.3}",
+        "request straight to the API"
+    );
+    println!(
+        "  {:<58} {p50:>10.3} {p99:>10.3}",
+        "request through the proxy"
+    );
+    println!(
+        "  {:<58} {:>10.3} {:>10.3}",
+        "  => proxy hop overhead (target p99 < 1 ms)",
+        p50 - d50,
+        p99 - d99
+    );
+    println!(
+        "  {:<58} {id50:>10.3} {id99:>10.3}",
+        "invocation (next + response) straight to the API"
+    );
+    println!(
+        "  {:<58} {ip50:>10.3} {ip99:>10.3}",
+        "invocation through the proxy, lock acquire + release"
+    );
+    println!(
+        "  {:<58} {:>10.3} {:>10.3}",
+        "  => proxy + lock overhead per invocation",
+        ip50 - id50,
+        ip99 - id99
+    );
+    println!(
+        "  init (spawn -> proxy listening + registered), target < 50 ms: {:.1} ms",
+        init.as_secs_f64() * 1000.0
+    );
+    println!(
+        "  resident memory, target < 20 MB: idle {:.1} MB, after the run {:.1} MB, peak {:.1} MB",
+        rss_idle as f64 / 1024.0,
+        rss_after as f64 / 1024.0,
+        rss_peak as f64 / 1024.0
+    );
+    println!(
+        "  shutdown: {}",
+        match exited {
+            Ok(Ok(s)) => format!("exited ({s})"),
+            _ => "did not exit within 5 s".to_owned(),
+        }
+    );
+    for arch in ["x86_64", "arm64"] {
+        let zip = root.join(format!("target/layer/flightlock-layer-{arch}.zip"));
+        match std::fs::metadata(&zip) {
+            Ok(m) => println!(
+                "  layer zip {arch}, target < 10 MB: {:.2} MB ({} bytes)",
+                m.len() as f64 / 1_048_576.0,
+                m.len()
+            ),
+            Err(_) => println!("  layer zip {arch}: not built (run `make layer`)"),
+        }
+    }
+}
