@@ -1,7 +1,7 @@
 //! Overhead benchmark of the flightlock extension (run it in release mode):
 //!
 //! ```text
-//! cargo build --release -p flightlock-extension
+//! make layer-x86_64      # or: cargo build --release -p flightlock-extension
 //! scripts/dynamodb-local run -- cargo run --release -p flightlock-extension --example bench [-- N]
 //! ```
 //!
@@ -168,12 +168,15 @@ async fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(500);
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bin = root.join("target/release/flightlock-extension");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run `cargo build --release -p flightlock-extension` first",
-        bin.display()
-    );
+    // The binary the x86_64 layer ships (`make layer-x86_64`), else a plain release build.
+    let bin = [
+        "target/lambda/x86_64/extensions/flightlock-extension",
+        "target/release/flightlock-extension",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .find(|p| p.is_file())
+    .expect("no release build of the extension: run `make layer-x86_64` or `cargo build --release -p flightlock-extension` first");
     let endpoint = flightlock_testkit::require_endpoint();
     let table = flightlock_testkit::unique_table("bench_ext");
     flightlock::table::create_table(&flightlock_testkit::client(&endpoint).await, &table)
@@ -277,7 +280,10 @@ async fn main() {
     let (p50, p99) = (pct(hop_proxy.clone(), 0.5), pct(hop_proxy, 0.99));
     let (id50, id99) = (pct(inv_direct.clone(), 0.5), pct(inv_direct, 0.99));
     let (ip50, ip99) = (pct(inv_proxy.clone(), 0.5), pct(inv_proxy, 0.99));
-    println!("flightlock extension benchmark ({n} samples each, release build, DynamoDB Local at {endpoint})");
+    println!(
+        "flightlock extension benchmark: {} ({n} samples each, DynamoDB Local at {endpoint})",
+        bin.display()
+    );
     println!("  {:<58} {:>10} {:>10}", "measure", "p50 ms", "p99 ms");
     println!(
         "  {:<58} {d50:>10.3} {d99:>10.3}",

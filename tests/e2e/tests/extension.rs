@@ -367,3 +367,63 @@ async fn a_bad_flightlock_value_fails_init_naming_the_variable() {
     assert!(runs(&record).is_empty(), "the handler must not run");
     env.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_policy_and_key_template_from_the_event() {
+    let (endpoint, table) = table("e2e_policy").await;
+    let record = record_file("policy");
+    let specs: Vec<Spec> = (0..2)
+        .map(|_| {
+            Spec::layered("perkey", Runtime::Python)
+                .with("FLIGHTLOCK_ON_BUSY", "error")
+                .with("FLIGHTLOCK_KEY", "job-{/detail/accountId}")
+        })
+        .collect();
+    let envs = start_all("pol", &specs, &endpoint, &table, &record).await;
+
+    // Same account at once: one runs, the other fails with the documented error type.
+    let calls = envs.iter().map(|e| async move {
+        e.invoke(json!({"detail": {"accountId": "42"}, "sleepMs": 2000}))
+            .await
+            .json()
+    });
+    let responses = futures::future::join_all(calls).await;
+    assert_eq!(
+        responses.iter().filter(|r| r["ok"] == true).count(),
+        1,
+        "{responses:#?}"
+    );
+    let busy: Vec<_> = responses
+        .iter()
+        .filter(|r| r["errorType"] == "FlightlockBusy")
+        .collect();
+    assert_eq!(busy.len(), 1, "{responses:#?}");
+    assert!(
+        busy[0]["errorMessage"].as_str().unwrap().contains("job-42"),
+        "{busy:?}"
+    );
+
+    // Different accounts are different keys: both run, concurrently.
+    let calls = envs.iter().enumerate().map(|(i, e)| async move {
+        e.invoke(json!({"detail": {"accountId": format!("acct-{i}")}, "sleepMs": 1000}))
+            .await
+            .json()
+    });
+    for r in futures::future::join_all(calls).await {
+        assert_eq!(r["ok"], true, "{r}");
+    }
+
+    // A missing field is a clear invocation error, and the handler does not run.
+    let before = runs(&record).len();
+    let r = envs[0].invoke(json!({"detail": {}})).await.json();
+    assert_eq!(r["errorType"], "FlightlockKeyError", "{r}");
+    assert!(
+        r["errorMessage"]
+            .as_str()
+            .unwrap()
+            .contains("/detail/accountId"),
+        "{r}"
+    );
+    assert_eq!(runs(&record).len(), before);
+    stop_all(envs).await;
+}
