@@ -371,6 +371,47 @@ async fn a_row_heartbeated_between_read_and_delete_survives() {
     assert_eq!(listed(&summary, RowOutcome::Revived).len(), 1);
 }
 
+/// A real holder whose wall clock lags two hours writes `leaseUntilMs` values that look long
+/// dead, but it keeps heartbeating. With the sweeper's delete held back for a few heartbeats, the
+/// real heartbeat changes `rvn` first: the conditional delete fails and the holder keeps its lock.
+/// (Without the hold, a skew this far beyond the grace is outside the guarantees: see the module
+/// docs on choosing the grace.)
+#[tokio::test]
+async fn a_real_heartbeat_beats_the_sweepers_delete() {
+    let env = Env::new("sweep_realhb").await;
+    let lagging: Arc<dyn Clock> = Arc::new(SkewedClock {
+        offset_ms: -2 * HOUR_MS,
+    });
+    let locker = Locker::new(env.client.clone(), &env.table).with_clock(lagging);
+    let opts = LockOptions {
+        wait: Wait::NoWait,
+        lease: Duration::from_secs(3),
+        heartbeat: Some(Duration::from_millis(500)),
+        ..LockOptions::default()
+    };
+    let guard = locker.acquire("lagging", &opts).await.unwrap();
+    let (sweeper, proxy) = env.proxied_sweeper().await;
+    proxy.add_rule(
+        Rule::new(Fault::DelayRequest(Duration::from_secs(2)))
+            .on("DeleteItem")
+            .body_contains("\"lagging\"")
+            .times(1),
+    );
+    let summary = sweeper.sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!(proxy.faults_applied(), 1, "the sweeper never tried the row");
+    assert_eq!(
+        (summary.dead, summary.deleted, summary.revived),
+        (1, 0, 1),
+        "{summary:#?}"
+    );
+    assert!(env.exists("lagging", &queue_sk(1)).await.is_some());
+    assert!(!guard.is_lost());
+    assert_eq!(
+        guard.release().await.unwrap(),
+        flightlock::ReleaseOutcome::Released
+    );
+}
+
 /// The sweeper's injected clock decides: far ahead, every queue row is dead but counters stay;
 /// far behind, nothing is dead.
 #[tokio::test]
