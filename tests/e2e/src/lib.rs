@@ -20,6 +20,8 @@
 // Test support: panicking with a clear message is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod fake_lambda;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

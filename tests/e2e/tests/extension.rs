@@ -246,7 +246,8 @@ async fn large_event_and_response_are_byte_identical_and_headers_kept() {
     for stream in [false, true] {
         let mut spec = Spec::layered("big", Runtime::Raw);
         if stream {
-            spec = spec.with("RAW_STREAM", "1");
+            // RIE logs the response mode at debug level: the test checks streaming was used.
+            spec = spec.with("RAW_STREAM", "1").with("LOG_LEVEL", "debug");
         }
         let env = Env::start(
             if stream { "stream" } else { "big" },
@@ -309,6 +310,16 @@ async fn large_event_and_response_are_byte_identical_and_headers_kept() {
             assert!(headers.get(h).is_some(), "header {h} lost: {headers}");
         }
         assert!(env.log().contains("lock released"), "{}", env.log());
+        if stream {
+            // RIE (at debug level) logs the headers of the runtime's POST as it received them
+            // from the proxy: the streaming mode reached it, with the body chunked through.
+            assert!(
+                env.log()
+                    .contains("Lambda-Runtime-Function-Response-Mode:[streaming]"),
+                "the streaming response mode did not reach RIE:\n{}",
+                env.log()
+            );
+        }
         env.stop().await;
     }
 }

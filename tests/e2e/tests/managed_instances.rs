@@ -1,0 +1,159 @@
+//! Several invocations in flight in one environment (Lambda Managed Instances): the real
+//! extension binary against a scripted fake Lambda API (RIE runs one invocation at a time) and
+//! DynamoDB Local. The test plays a runtime with three concurrent `GET next` calls.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use flightlock_e2e::fake_lambda::FakeLambda;
+use flightlock_e2e::{free_port, table, workspace_bin};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<bytes::Bytes>>;
+
+async fn next(client: HttpClient, port: u16) -> (String, serde_json::Value) {
+    let req = http::Request::get(format!(
+        "http://127.0.0.1:{port}/2018-06-01/runtime/invocation/next"
+    ))
+    .body(Full::default())
+    .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let id = resp.headers()["lambda-runtime-aws-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (id, serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_invocations_in_flight_are_gated_independently() {
+    let (endpoint, table) = table("e2e_mi").await;
+    let fake = FakeLambda::start().await;
+    let proxy_port = free_port();
+    let mut ext = tokio::process::Command::new(workspace_bin("flightlock-extension"))
+        .env_clear()
+        .env("AWS_LAMBDA_RUNTIME_API", fake.addr.to_string())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "fake")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FLIGHTLOCK_TABLE", &table)
+        .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
+        .env("FLIGHTLOCK_KEY", "job-{/k}")
+        .env("FLIGHTLOCK_WAIT", "0")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", proxy_port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "proxy did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Three invocations at once: two for key job-a, one for job-b.
+    fake.invoke("r1", json!({"k": "a"})).await;
+    fake.invoke("r2", json!({"k": "b"})).await;
+    fake.invoke("r3", json!({"k": "a"})).await;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut polls: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(next(client.clone(), proxy_port)))
+        .collect();
+
+    // The second job-a invocation is skipped upstream by the proxy...
+    let mut skipped = None;
+    for id in ["r1", "r3"] {
+        let path = format!("/2018-06-01/runtime/invocation/{id}/response");
+        if let Some(r) = fake.wait_for(&path, Duration::from_secs(10)).await {
+            skipped = Some((id, r));
+            break;
+        }
+    }
+    let (skipped_id, skip) = skipped.expect("one job-a invocation must be skipped");
+    let body: serde_json::Value = serde_json::from_slice(&skip.body).unwrap();
+    assert_eq!(body["flightlock"]["skipped"], true, "{body}");
+    assert_eq!(body["flightlock"]["key"], "job-a");
+    let holder = if skipped_id == "r1" { "r3" } else { "r1" };
+    assert_eq!(body["flightlock"]["heldBy"]["requestId"], holder, "{body}");
+
+    // ...while the other job-a and the job-b invocation are both handed to the runtime, at the
+    // same time (neither has answered yet).
+    let mut delivered = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while delivered.len() < 2 {
+        assert!(tokio::time::Instant::now() < until, "events not delivered");
+        let mut rest = Vec::new();
+        for p in polls.drain(..) {
+            if p.is_finished() {
+                delivered.push(p.await.unwrap());
+            } else {
+                rest.push(p);
+            }
+        }
+        polls = rest;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ids: Vec<&str> = delivered.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort();
+    let mut expected = vec![holder, "r2"];
+    expected.sort();
+    assert_eq!(ids, expected);
+    // The third poll is the runtime waiting for a next event: the proxy keeps it pending.
+    assert_eq!(polls.len(), 1);
+    assert!(!polls[0].is_finished());
+
+    // Both answer; each lock is released after its own response went upstream.
+    for (id, _) in &delivered {
+        let req = http::Request::post(format!(
+            "http://127.0.0.1:{proxy_port}/2018-06-01/runtime/invocation/{id}/response"
+        ))
+        .body(Full::new(bytes::Bytes::from(format!(
+            "{{\"done\":\"{id}\"}}"
+        ))))
+        .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), 202);
+        let got = fake
+            .wait_for(
+                &format!("/2018-06-01/runtime/invocation/{id}/response"),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert_eq!(got.body, format!("{{\"done\":\"{id}\"}}"));
+    }
+    let locker = flightlock::Locker::new(flightlock_testkit::client(&endpoint).await, &table);
+    for key in ["job-a", "job-b"] {
+        let q = locker
+            .queue(key, flightlock::ClockSkew::Bounded(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        assert!(q.is_empty(), "{key} still held: {q:?}");
+    }
+
+    // SHUTDOWN: the extension exits.
+    fake.extension_event(json!({
+        "eventType": "SHUTDOWN", "shutdownReason": "spindown",
+        "deadlineMs": (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() + 2000) as u64
+    }))
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(5), ext.wait())
+        .await
+        .expect("the extension did not exit after SHUTDOWN")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    polls[0].abort();
+}
