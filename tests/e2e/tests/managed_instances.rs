@@ -35,6 +35,8 @@ async fn several_invocations_in_flight_are_gated_independently() {
     let (endpoint, table) = table("e2e_mi").await;
     let fake = FakeLambda::start().await;
     let proxy_port = free_port();
+    let log_path =
+        std::env::temp_dir().join(format!("flightlock-e2e-mi-{}.log", std::process::id()));
     let mut ext = tokio::process::Command::new(workspace_bin("flightlock-extension"))
         .env_clear()
         .env("AWS_LAMBDA_RUNTIME_API", fake.addr.to_string())
@@ -48,7 +50,9 @@ async fn several_invocations_in_flight_are_gated_independently() {
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
         .env("FLIGHTLOCK_KEY", "job-{/k}")
         .env("FLIGHTLOCK_WAIT", "0")
+        .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
         .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -75,12 +79,15 @@ async fn several_invocations_in_flight_are_gated_independently() {
 
     // The second job-a invocation is skipped upstream by the proxy...
     let mut skipped = None;
-    for id in ["r1", "r3"] {
-        let path = format!("/2018-06-01/runtime/invocation/{id}/response");
-        if let Some(r) = fake.wait_for(&path, Duration::from_secs(10)).await {
-            skipped = Some((id, r));
-            break;
-        }
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while skipped.is_none() && tokio::time::Instant::now() < until {
+        skipped = fake.received().await.into_iter().find_map(|r| {
+            ["r1", "r3"]
+                .into_iter()
+                .find(|id| r.path == format!("/2018-06-01/runtime/invocation/{id}/response"))
+                .map(|id| (id, r))
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (skipped_id, skip) = skipped.expect("one job-a invocation must be skipped");
     let body: serde_json::Value = serde_json::from_slice(&skip.body).unwrap();
@@ -156,4 +163,26 @@ async fn several_invocations_in_flight_are_gated_independently() {
         .unwrap();
     assert!(status.success(), "{status}");
     polls[0].abort();
+
+    // Logs are JSON (AWS_LAMBDA_LOG_FORMAT=JSON), one span per invocation with its fields.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let _ = std::fs::remove_file(&log_path);
+    let acquired: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))
+        })
+        .filter(|v| v["fields"]["message"] == "lock acquired")
+        .collect();
+    assert_eq!(acquired.len(), 2, "{log}");
+    for v in acquired {
+        let span = &v["span"];
+        assert_eq!(span["name"], "invocation", "{v}");
+        assert!(
+            span["request_id"].is_string() && span["key"].is_string(),
+            "{v}"
+        );
+        assert!(span["ticket"].is_u64() && span["waited_ms"].is_u64(), "{v}");
+    }
 }
