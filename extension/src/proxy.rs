@@ -64,7 +64,10 @@ impl Proxy {
     ) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        // Header names keep their case both ways (hyper records it in the message extensions),
+        // so the runtime sees Lambda's headers exactly as Lambda wrote them.
         let client = Client::builder(TokioExecutor::new())
+            .http1_preserve_header_case(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Proxy {
@@ -112,6 +115,7 @@ impl Proxy {
             tokio::spawn(async move {
                 let service = service_fn(move |req| proxy.clone().handle(req));
                 if let Err(e) = http1::Builder::new()
+                    .preserve_header_case(true)
                     .serve_connection(TokioIo::new(stream), service)
                     .await
                 {
@@ -130,8 +134,14 @@ impl Proxy {
             Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
-                self.send(parts.method, &parts.uri, parts.headers, boxed(body))
-                    .await
+                self.send(
+                    parts.method,
+                    &parts.uri,
+                    parts.headers,
+                    parts.extensions,
+                    boxed(body),
+                )
+                .await
             }
         };
         Ok(response.unwrap_or_else(bad_gateway))
@@ -143,6 +153,7 @@ impl Proxy {
         method: Method,
         uri: &Uri,
         mut headers: http::HeaderMap,
+        extensions: http::Extensions,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, BoxError> {
         let pq = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -151,6 +162,9 @@ impl Proxy {
         let mut req = Request::builder().method(method).uri(target);
         if let Some(h) = req.headers_mut() {
             *h = headers;
+        }
+        if let Some(x) = req.extensions_mut() {
+            *x = extensions;
         }
         let resp = self.client.request(req.body(body)?).await?;
         Ok(resp.map(boxed))
@@ -165,6 +179,7 @@ impl Proxy {
                     Method::GET,
                     &parts.uri,
                     parts.headers.clone(),
+                    parts.extensions.clone(),
                     full(Bytes::new()),
                 )
                 .await?;
@@ -325,7 +340,10 @@ impl Proxy {
             }
         };
         let body = full(body.to_string());
-        match self.send(Method::POST, &uri, headers, body).await {
+        match self
+            .send(Method::POST, &uri, headers, http::Extensions::new(), body)
+            .await
+        {
             Ok(r) if r.status().is_success() => {
                 // Drain so the connection can be reused.
                 let _ = r.into_body().collect().await;
@@ -351,7 +369,13 @@ impl Proxy {
             let (parts, body) = req.into_parts();
             let (body, ended) = NotifyOnEnd::new(body);
             let result = self
-                .send(parts.method, &parts.uri, parts.headers, boxed(body))
+                .send(
+                    parts.method,
+                    &parts.uri,
+                    parts.headers,
+                    parts.extensions,
+                    boxed(body),
+                )
                 .await;
             // The upstream answer can come before the whole body went up (streaming): release
             // only once the body has ended (or failed, or was dropped).

@@ -21,8 +21,9 @@ while True:
     conn.request("GET", "/2018-06-01/runtime/invocation/next")
     resp = conn.getresponse()
     event = resp.read()
-    headers = {k.lower(): v for k, v in resp.getheaders()}
-    request_id = headers["lambda-runtime-aws-request-id"]
+    # Header names as they arrived (case included): the proxy must not change them.
+    headers = dict(resp.getheaders())
+    request_id = resp.getheader("Lambda-Runtime-Aws-Request-Id")
     n += 1
     with open(os.path.join(raw_dir, f"{n}.event"), "wb") as f:
         f.write(event)

@@ -294,7 +294,8 @@ async fn large_event_and_response_are_byte_identical_and_headers_kept() {
         let headers: serde_json::Value =
             serde_json::from_slice(&std::fs::read(env.dir.join("1.headers.json")).unwrap())
                 .unwrap();
-        let cc = headers["lambda-runtime-client-context"]
+        // Every header RIE sends, with its name exactly as RIE writes it (Go's canonical case).
+        let cc = headers["Lambda-Runtime-Client-Context"]
             .as_str()
             .unwrap_or_default();
         assert!(
@@ -302,12 +303,15 @@ async fn large_event_and_response_are_byte_identical_and_headers_kept() {
             "client context lost: {headers}"
         );
         for h in [
-            "lambda-runtime-aws-request-id",
-            "lambda-runtime-deadline-ms",
-            "lambda-runtime-invoked-function-arn",
-            "content-type",
+            "Lambda-Runtime-Aws-Request-Id",
+            "Lambda-Runtime-Deadline-Ms",
+            "Lambda-Runtime-Invoked-Function-Arn",
+            "Content-Type",
         ] {
-            assert!(headers.get(h).is_some(), "header {h} lost: {headers}");
+            assert!(
+                headers.get(h).is_some(),
+                "header {h} lost or renamed: {headers}"
+            );
         }
         assert!(env.log().contains("lock released"), "{}", env.log());
         if stream {
