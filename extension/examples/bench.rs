@@ -123,7 +123,11 @@ async fn call(client: &HttpClient, method: &str, addr: SocketAddr, path: &str) -
     let req = Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path}"))
-        .body(Full::new(Bytes::from_static(b"{\"ok\":true}")))
+        .body(Full::new(if method == "GET" {
+            Bytes::new()
+        } else {
+            Bytes::from_static(b"{\"ok\":true}")
+        }))
         .unwrap();
     let r = client.request(req).await.unwrap();
     assert!(r.status().is_success(), "{path}: {}", r.status());
@@ -179,6 +183,7 @@ async fn main() {
     .expect("no release build of the extension: run `make layer-x86_64` or `cargo build --release -p flightlock-extension` first");
     let endpoint = flightlock_testkit::require_endpoint();
     let table = flightlock_testkit::unique_table("bench_ext");
+    eprintln!("bench: creating table {table}");
     flightlock::table::create_table(&flightlock_testkit::client(&endpoint).await, &table)
         .await
         .unwrap();
@@ -225,6 +230,7 @@ async fn main() {
     let init = registered - started;
     let rss_idle = rss_kb(pid, "VmRSS:").unwrap_or(0);
 
+    eprintln!("bench: extension registered after {init:?}; warming up");
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     // Warm up both paths (connections, the SDK's first request).
     for i in 0..20 {
@@ -239,6 +245,7 @@ async fn main() {
         invocation(&client, &state, api_addr, &format!("warm-d-{i}")).await;
         invocation(&client, &state, proxy_addr, &format!("warm-p-{i}")).await;
     }
+    eprintln!("bench: measuring {n} samples");
     let (mut hop_direct, mut hop_proxy, mut inv_direct, mut inv_proxy) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {

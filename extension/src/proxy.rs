@@ -172,7 +172,11 @@ impl Proxy {
 
     /// `GET next`: fetch events upstream until one acquires its lock (or is not ours to gate).
     async fn next(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, BoxError> {
-        let (parts, _) = req.into_parts();
+        let (mut parts, _) = req.into_parts();
+        // The runtime's request body (a GET has none) is not forwarded: drop its framing so
+        // upstream does not wait for bytes that never come.
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        parts.headers.remove(http::header::TRANSFER_ENCODING);
         loop {
             let resp = self
                 .send(
