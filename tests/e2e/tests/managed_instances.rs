@@ -39,7 +39,8 @@ async fn several_invocations_in_flight_are_gated_independently() {
         std::env::temp_dir().join(format!("flightlock-e2e-mi-{}.log", std::process::id()));
     let mut ext = tokio::process::Command::new(workspace_bin("flightlock-extension"))
         .env_clear()
-        .env("AWS_LAMBDA_RUNTIME_API", fake.addr.to_string())
+        // With a scheme, as some emulators pass it (RIE, in the other tests, passes none).
+        .env("AWS_LAMBDA_RUNTIME_API", format!("http://{}", fake.addr))
         .env("AWS_LAMBDA_FUNCTION_NAME", "fake")
         .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
         .env("AWS_ACCESS_KEY_ID", "local")
