@@ -33,6 +33,7 @@ pub struct Slot {
     seen: watch::Sender<bool>,
     done: watch::Sender<bool>,
     held: Mutex<Option<Held>>,
+    runtime: Mutex<Option<Arc<Mutex<Vec<u32>>>>>,
     /// The invocation's tracing span (request id, key, ticket, wait time).
     pub span: Mutex<tracing::Span>,
 }
@@ -44,6 +45,7 @@ impl Slot {
             seen: watch::channel(false).0,
             done: watch::channel(false).0,
             held: Mutex::new(None),
+            runtime: Mutex::new(None),
             span: Mutex::new(tracing::Span::none()),
         }
     }
@@ -77,6 +79,24 @@ impl Slot {
     /// Takes the held lock, if any.
     pub fn take_held(&self) -> Option<Held> {
         self.lock_held().take()
+    }
+
+    /// Records the processes of the connection that received the event (filled in by the
+    /// proxy when it looked them up).
+    pub fn set_runtime(&self, pids: Arc<Mutex<Vec<u32>>>) {
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = Some(pids);
+    }
+
+    /// The processes of the runtime that received the event (empty: unknown).
+    pub fn runtime(&self) -> Vec<u32> {
+        let source = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        source.map_or_else(Vec::new, |p| {
+            p.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        })
     }
 
     /// The span (a clone).

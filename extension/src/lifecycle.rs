@@ -11,7 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lambda_extension::{LambdaEvent, NextEvent};
 use tokio::sync::mpsc;
 
+use crate::invocations::Slot;
 use crate::metrics::Metric;
+use crate::peer;
 use crate::proxy::Proxy;
 
 /// How long after an INVOKE event the proxy must have fetched the event for the invocation to
@@ -47,7 +49,7 @@ pub async fn on_event(
             // At the deadline Lambda ends the invocation itself and resets the sandbox: stop
             // waiting then, so the next event we ask for is the SHUTDOWN that releases the lock.
             // (A response sent at the last moment is still released by the proxy.)
-            if slot.wait_done(left).await {
+            if wait_done_or_runtime_exit(&proxy, &slot, &id, left).await {
                 proxy.invocations().remove(&id);
             } else {
                 tracing::warn!(
@@ -64,6 +66,36 @@ pub async fn on_event(
             proxy.release_all(budget).await;
             let _ = shutdown.send(()).await;
             Ok(())
+        }
+    }
+}
+
+/// How often a waiting INVOKE checks that the runtime process is still there.
+const RUNTIME_CHECK: Duration = Duration::from_millis(100);
+
+/// Waits until the invocation is finished, at most `limit`. If the runtime process that got the
+/// event dies first (a crash: Lambda then resets the sandbox and kills us without a SHUTDOWN),
+/// releases the lock at once and counts the invocation as finished.
+async fn wait_done_or_runtime_exit(proxy: &Proxy, slot: &Slot, id: &str, limit: Duration) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            return false;
+        }
+        if slot.wait_done(RUNTIME_CHECK.min(end - now)).await {
+            return true;
+        }
+        let pids = slot.runtime();
+        if !pids.is_empty() && !pids.iter().any(|p| peer::is_alive(*p)) {
+            tracing::warn!(
+                request_id = %id,
+                ?pids,
+                "the runtime exited in the middle of the invocation; releasing its lock now"
+            );
+            proxy.release(slot).await;
+            slot.mark_done();
+            return true;
         }
     }
 }

@@ -36,9 +36,17 @@ use tracing::{field, Instrument};
 use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Held, Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
+use crate::peer;
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
 };
+
+/// One runtime connection: the processes on the other end, looked up once when it is
+/// accepted (runtimes keep their connection for many invocations).
+#[derive(Debug, Clone)]
+struct Conn {
+    owners: Arc<std::sync::Mutex<Vec<u32>>>,
+}
 
 /// The proxy's state, shared by all connections.
 #[derive(Debug)]
@@ -98,8 +106,9 @@ impl Proxy {
 
     /// Serves connections from `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
                     // Out of file descriptors and the like: pause instead of spinning.
@@ -113,7 +122,16 @@ impl Proxy {
             }
             let proxy = self.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |req| proxy.clone().handle(req));
+                let conn = Conn {
+                    owners: Arc::default(),
+                };
+                let owners = conn.owners.clone();
+                tokio::task::spawn_blocking(move || {
+                    let pids = peer::socket_owners(peer.port(), port);
+                    tracing::debug!(?pids, peer_port = peer.port(), "runtime connection");
+                    *owners.lock().unwrap_or_else(|e| e.into_inner()) = pids;
+                });
+                let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
                 if let Err(e) = http1::Builder::new()
                     .preserve_header_case(true)
                     .serve_connection(TokioIo::new(stream), service)
@@ -128,9 +146,10 @@ impl Proxy {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        conn: Conn,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let response = match route(req.method(), req.uri().path()) {
-            Route::Next => self.next(req).await,
+            Route::Next => self.next(req, conn).await,
             Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
@@ -171,7 +190,11 @@ impl Proxy {
     }
 
     /// `GET next`: fetch events upstream until one acquires its lock (or is not ours to gate).
-    async fn next(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, BoxError> {
+    async fn next(
+        &self,
+        req: Request<Incoming>,
+        conn: Conn,
+    ) -> Result<Response<ProxyBody>, BoxError> {
         let (mut parts, _) = req.into_parts();
         // The runtime's request body (a GET has none) is not forwarded: drop its framing so
         // upstream does not wait for bytes that never come.
@@ -219,6 +242,8 @@ impl Proxy {
                 .instrument(span)
                 .await
             {
+                // Note who receives the event, to notice if it dies mid-invocation.
+                slot.set_runtime(conn.owners.clone());
                 return Ok(Response::from_parts(rparts, full(event)));
             }
         }
