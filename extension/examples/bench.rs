@@ -135,9 +135,23 @@ async fn call(client: &HttpClient, method: &str, addr: SocketAddr, path: &str) -
 }
 
 /// One invocation as a runtime sees it: next, then response.
-async fn invocation(client: &HttpClient, state: &Api, addr: SocketAddr, id: &str) {
+/// With `extension`, the extension also gets the INVOKE event, as in Lambda (it then waits for
+/// the invocation to finish and forgets it).
+async fn invocation(client: &HttpClient, state: &Api, addr: SocketAddr, id: &str, extension: bool) {
     state.runtime_events.lock().await.push_back(id.to_owned());
     state.runtime_ready.notify_one();
+    if extension {
+        let deadline = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            + 60_000;
+        state.ext_events.lock().await.push_back(serde_json::json!({
+            "eventType": "INVOKE", "deadlineMs": deadline as u64, "requestId": id,
+            "invokedFunctionArn": "arn:aws:lambda:us-east-1:000000000000:function:bench",
+        }));
+        state.ext_ready.notify_one();
+    }
     let _event = call(client, "GET", addr, "/2018-06-01/runtime/invocation/next").await;
     call(
         client,
@@ -242,8 +256,8 @@ async fn main() {
             "/2018-06-01/runtime/init/error",
         )
         .await;
-        invocation(&client, &state, api_addr, &format!("warm-d-{i}")).await;
-        invocation(&client, &state, proxy_addr, &format!("warm-p-{i}")).await;
+        invocation(&client, &state, api_addr, &format!("warm-d-{i}"), false).await;
+        invocation(&client, &state, proxy_addr, &format!("warm-p-{i}"), true).await;
     }
     eprintln!("bench: measuring {n} samples");
     let (mut hop_direct, mut hop_proxy, mut inv_direct, mut inv_proxy) =
@@ -262,10 +276,10 @@ async fn main() {
         .await;
         hop_proxy.push(t.elapsed());
         let t = Instant::now();
-        invocation(&client, &state, api_addr, &format!("d-{i}")).await;
+        invocation(&client, &state, api_addr, &format!("d-{i}"), false).await;
         inv_direct.push(t.elapsed());
         let t = Instant::now();
-        invocation(&client, &state, proxy_addr, &format!("p-{i}")).await;
+        invocation(&client, &state, proxy_addr, &format!("p-{i}"), true).await;
         inv_proxy.push(t.elapsed());
     }
     let rss_peak = rss_kb(pid, "VmHWM:").unwrap_or(0);
