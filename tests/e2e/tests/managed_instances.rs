@@ -187,3 +187,83 @@ async fn several_invocations_in_flight_are_gated_independently() {
         assert!(span["ticket"].is_u64() && span["waited_ms"].is_u64(), "{v}");
     }
 }
+
+/// A TCP forwarder standing in for another Runtime API proxy; counts the connections it carried.
+async fn forwarder(
+    to: std::net::SocketAddr,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (port, count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chains_with_another_proxy_through_flightlock_upstream() {
+    let (endpoint, table) = table("e2e_chain").await;
+    let fake = FakeLambda::start().await;
+    let (hop_port, carried) = forwarder(fake.addr).await;
+    let proxy_port = free_port();
+    let mut ext = tokio::process::Command::new(workspace_bin("flightlock-extension"))
+        .env_clear()
+        .env("AWS_LAMBDA_RUNTIME_API", fake.addr.to_string())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "chained")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FLIGHTLOCK_TABLE", &table)
+        .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
+        .env("FLIGHTLOCK_UPSTREAM", format!("127.0.0.1:{hop_port}"))
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", proxy_port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "proxy did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fake.invoke("c1", json!({})).await;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let (id, _) = tokio::time::timeout(Duration::from_secs(10), next(client.clone(), proxy_port))
+        .await
+        .unwrap();
+    assert_eq!(id, "c1");
+    let req = http::Request::post(format!(
+        "http://127.0.0.1:{proxy_port}/2018-06-01/runtime/invocation/c1/response"
+    ))
+    .body(Full::new(bytes::Bytes::from_static(b"{\"chained\":true}")))
+    .unwrap();
+    assert_eq!(client.request(req).await.unwrap().status(), 202);
+    let got = fake
+        .wait_for(
+            "/2018-06-01/runtime/invocation/c1/response",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.body, "{\"chained\":true}");
+    // The runtime traffic went through the other proxy (the Extensions API calls did not).
+    assert!(carried.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    let _ = ext.start_kill();
+    let _ = ext.wait().await;
+}
