@@ -1,5 +1,5 @@
 //! The real `flightlock-cleanup` binary under the Lambda Runtime Interface Emulator (shipped in
-//! the aws-sam-cli wheel that `scripts/check-template --install` puts in .tools/template-venv),
+//! the aws-sam-cli wheel that `scripts/python-tools` puts in .tools/py-venv),
 //! against DynamoDB Local: the invocation returns the summary, and stdout carries the EMF line.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -16,28 +16,23 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The emulator binary for this machine, installing the tools if needed.
+/// The emulator binary for this machine: `FLIGHTLOCK_RIE`, or what `scripts/python-tools`
+/// installs (the aws-sam-cli wheel ships it).
 fn rie() -> PathBuf {
-    let status = Command::new(repo_root().join("scripts/check-template"))
-        .arg("--install")
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/check-template --install failed");
-    let arch = match std::env::consts::ARCH {
-        "aarch64" => "arm64",
-        _ => "x86_64",
-    };
-    let lib = repo_root().join(".tools/template-venv/lib");
-    for entry in std::fs::read_dir(&lib).unwrap().flatten() {
-        let candidate = entry
-            .path()
-            .join("site-packages/samcli/local/rapid")
-            .join(format!("aws-lambda-rie-{arch}"));
-        if candidate.is_file() {
-            return candidate;
-        }
+    if let Ok(path) = std::env::var("FLIGHTLOCK_RIE") {
+        return PathBuf::from(path);
     }
-    panic!("no aws-lambda-rie-{arch} under {}", lib.display());
+    let out = Command::new(repo_root().join("scripts/python-tools"))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "scripts/python-tools failed");
+    let exports = String::from_utf8(out.stdout).unwrap();
+    let path = exports
+        .lines()
+        .find_map(|l| l.strip_prefix("export FLIGHTLOCK_RIE="))
+        .expect("scripts/python-tools printed no FLIGHTLOCK_RIE");
+    PathBuf::from(path.trim())
 }
 
 fn free_port() -> u16 {
