@@ -453,6 +453,12 @@ async fn counters_are_never_deleted_and_the_clock_decides_liveness() {
 /// A spent budget stops the sweep between pages and says where to resume; resuming finishes it.
 #[tokio::test]
 async fn the_time_budget_stops_early_and_the_sweep_resumes() {
+    if std::env::var("FLIGHTLOCK_DDB_BACKEND").as_deref() == Ok("moto") {
+        // moto applies a Scan's Limit after the filter, not to the items read as DynamoDB does,
+        // so its pages are not the ones this test steps through. DynamoDB Local runs it.
+        eprintln!("skipped on moto: its Scan Limit counts filtered items");
+        return;
+    }
     let env = Env::new("sweep_budget").await;
     env.idle_keys("idle", 1000).await;
     let t = now();
