@@ -25,11 +25,17 @@
 //! | `schema` | table schema: attribute names, sort keys, item encoding (pure) |
 //! | `options` | [`LockOptions`], [`Wait`], [`ClockSkew`], duration syntax (pure) |
 //! | `liveness` | when a row is stale; poll and backoff schedules (pure) |
+//! | `clock` | wall and monotonic time, injectable ([`SkewedClock`] for tests) |
+//! | `error` | the crate's one error type |
 //! | `store` | one function per DynamoDB request (I/O) |
 //! | `locker` | the acquisition protocol: [`Locker`] |
 //! | `heartbeat` | keeping our row alive and the lost signal |
 //! | `guard` | [`LockGuard`]: token, lost signal, release |
+//! | `queue` | inspecting a key's queue ([`QueueEntry`]) |
 //! | `table` | creating and checking the table |
+//! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep` |
+//! | `config` | `FLIGHTLOCK_*` configuration and key templates (pure; shared by the extension and `lambda`) |
+//! | `lambda` | feature `lambda`: a tower layer that gates a `lambda_runtime` handler in-process |
 //!
 //! ## Guarantees
 //!
@@ -54,6 +60,7 @@ pub mod lambda;
 pub mod liveness;
 mod locker;
 pub mod options;
+mod queue;
 pub mod schema;
 mod store;
 pub mod sweep;
@@ -63,7 +70,8 @@ pub use clock::{Clock, SkewedClock, SystemClock};
 pub use error::{Error, HeldBy};
 pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
-pub use locker::{EntryState, Locker, QueueEntry};
+pub use locker::Locker;
 pub use options::{parse_duration, ClockSkew, LockOptions, Wait};
+pub use queue::{EntryState, QueueEntry};
 pub use schema::HolderInfo;
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};

@@ -38,7 +38,8 @@ use crate::guard::LockGuard;
 use crate::heartbeat::{millis, Membership, RowState, Timing, Written};
 use crate::liveness::{backoff, poll_interval, Observer, Verdict};
 use crate::options::{ClockSkew, LockOptions, Wait};
-use crate::schema::{validate_key, HolderInfo, NewRow, QueueRow, Snapshot};
+use crate::queue::QueueEntry;
+use crate::schema::{validate_key, NewRow, QueueRow, Snapshot};
 use crate::store::{Enqueue, Failure, StaleDelete, Store};
 
 /// At most this many keys' hints are remembered (one `u64` each).
@@ -238,68 +239,6 @@ async fn retry_pause(failure: Failure, failures: u32, give_up: Instant) -> Resul
         }
     }
     Err(failure.into_error())
-}
-
-/// One row of [`Locker::queue`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct QueueEntry {
-    /// Ticket (fencing token).
-    pub ticket: u64,
-    /// Acquisition id.
-    pub owner: String,
-    /// What the row is doing.
-    pub state: EntryState,
-    /// Lease left by our clock, ms (negative: expired).
-    pub lease_left_ms: i64,
-    /// Enqueue time, epoch ms.
-    pub enqueued_at_ms: Option<i64>,
-    /// Grant time, epoch ms.
-    pub acquired_at_ms: Option<i64>,
-    /// Details for people.
-    #[serde(flatten)]
-    pub holder: HolderInfo,
-}
-
-/// The role of a queue row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum EntryState {
-    /// The first live row: it holds the key (or is about to notice that it does).
-    Holding,
-    /// A live row behind the holder.
-    Waiting,
-    /// Lease ended past the allowance: the next waiter will remove it.
-    Stale,
-}
-
-impl QueueEntry {
-    fn classify(snap: Snapshot, wall_ms: i64, skew: Duration) -> Vec<QueueEntry> {
-        let mut holder_seen = false;
-        snap.rows
-            .into_iter()
-            .map(|r| {
-                let lease_left_ms = r.lease_until_ms - wall_ms;
-                let state = if lease_left_ms + millis(skew) < 0 {
-                    EntryState::Stale
-                } else if holder_seen {
-                    EntryState::Waiting
-                } else {
-                    holder_seen = true;
-                    EntryState::Holding
-                };
-                QueueEntry {
-                    ticket: r.ticket,
-                    owner: r.owner,
-                    state,
-                    lease_left_ms,
-                    enqueued_at_ms: r.enqueued_at_ms,
-                    acquired_at_ms: r.acquired_at_ms,
-                    holder: r.holder,
-                }
-            })
-            .collect()
-    }
 }
 
 /// The state of one `acquire` call.
@@ -605,40 +544,6 @@ impl Attempt<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn row(ticket: u64, lease_until_ms: i64) -> QueueRow {
-        QueueRow {
-            ticket,
-            owner: format!("o{ticket}"),
-            lease_until_ms,
-            lease_ms: 1000,
-            expires_at: 0,
-            rvn: "r".into(),
-            enqueued_at_ms: None,
-            acquired_at_ms: None,
-            holder: HolderInfo::default(),
-        }
-    }
-
-    #[test]
-    fn queue_entries_name_holder_waiters_and_stale_rows() {
-        let snap = Snapshot {
-            last: 4,
-            rows: vec![row(1, 500), row(2, 5_000), row(3, 5_000), row(4, 1_900)],
-        };
-        let entries = QueueEntry::classify(snap, 2_000, Duration::from_millis(200));
-        let states: Vec<_> = entries.iter().map(|e| e.state).collect();
-        assert_eq!(
-            states,
-            [
-                EntryState::Stale,
-                EntryState::Holding,
-                EntryState::Waiting,
-                EntryState::Waiting
-            ]
-        );
-        assert_eq!(entries[0].lease_left_ms, -1_500);
-    }
 
     #[test]
     fn ids_are_20_hex_digits_and_differ() {
