@@ -40,6 +40,12 @@ async fn stop_all(envs: Vec<Env>) {
     }
 }
 
+/// Stops one environment and removes the test's record file.
+async fn finish(env: Env, record: &Path) {
+    env.stop().await;
+    let _ = std::fs::remove_file(record);
+}
+
 /// Fires one invocation per environment at once; returns the responses in env order.
 async fn invoke_all(
     envs: &[Env],
@@ -107,6 +113,7 @@ async fn single_flight_skip_across_python_environments() {
         assert!(!e.log().contains("UNENFORCED"), "{}", e.log());
     }
     stop_all(envs).await;
+    let _ = std::fs::remove_file(&record);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,6 +151,7 @@ async fn single_flight_fifo_with_wait_across_rust_and_python() {
         "granted out of arrival order: {runs:#?}"
     );
     stop_all(envs).await;
+    let _ = std::fs::remove_file(&record);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,6 +172,7 @@ async fn in_process_layer_single_flight_for_rust() {
         check_skip_round(&responses, &record, "inproc");
     }
     stop_all(envs).await;
+    let _ = std::fs::remove_file(&record);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,7 +258,7 @@ async fn error_crash_and_timeout_release_the_lock() {
     let runs = runs(&record);
     let seqs: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
     assert_eq!(seqs, vec![0, 1, 2, 3, 4, 5, 6]);
-    env.stop().await;
+    finish(env, &record).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +376,7 @@ async fn without_the_wrapper_invocations_run_unenforced_and_are_reported() {
         "{log}"
     );
     assert!(!log.contains("lock acquired"), "{log}");
-    env.stop().await;
+    finish(env, &record).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +402,7 @@ async fn a_bad_flightlock_value_fails_init_naming_the_variable() {
     );
     assert!(env.log().contains("accepted: 0, forever"), "{}", env.log());
     assert!(runs(&record).is_empty(), "the handler must not run");
-    env.stop().await;
+    finish(env, &record).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,4 +463,5 @@ async fn error_policy_and_key_template_from_the_event() {
     );
     assert_eq!(runs(&record).len(), before);
     stop_all(envs).await;
+    let _ = std::fs::remove_file(&record);
 }
