@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! make layer-x86_64      # or: cargo build --release -p flightlock-extension
-//! scripts/dynamodb-local run -- cargo run --release -p flightlock-extension --example bench [-- N]
+//! scripts/dynamodb-local run -- cargo run --release -p flightlock-extension --example extension_bench [-- N]
 //! ```
 //!
 //! It starts the release extension binary against an in-process fake Lambda API (Runtime API +

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! scripts/bench                      # starts DynamoDB Local, runs this in release mode, stops it
-//! scripts/dynamodb-local run -- cargo run --release -p flightlock --example bench -- --cycles 300
+//! scripts/dynamodb-local run -- cargo run --release -p flightlock --example lock_bench -- --cycles 300
 //! ```
 //!
 //! Requests are counted by a proxy in front of DynamoDB (every HTTP request, retries included).
