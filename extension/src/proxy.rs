@@ -312,7 +312,14 @@ impl Proxy {
                         holder: Some(h), ..
                     } => Some((**h).clone()),
                     // Lost the race to enqueue: one more read names the holder for the body.
-                    _ => current_holder(&self.locker, &key, opts.clock_skew).await,
+                    _ => self
+                        .locker
+                        .holder(&key, opts.clock_skew)
+                        .await
+                        .unwrap_or_else(|e| {
+                            tracing::debug!(error = %e, "could not read the holder");
+                            None
+                        }),
                 };
                 let held_by = held_by.as_ref();
                 match self.config.on_busy {
@@ -463,28 +470,6 @@ impl Proxy {
             self.metrics.count(Metric::ReleaseErrors);
         } else if n > 0 {
             tracing::info!(released = n, "released held locks at shutdown");
-        }
-    }
-}
-
-/// The holder of `key` right now, if any (for the skip body).
-pub async fn current_holder(
-    locker: &Locker,
-    key: &str,
-    skew: flightlock::ClockSkew,
-) -> Option<flightlock::HeldBy> {
-    match locker.queue(key, skew).await {
-        Ok(entries) => entries
-            .into_iter()
-            .find(|e| e.state == flightlock::EntryState::Holding)
-            .map(|e| flightlock::HeldBy {
-                ticket: e.ticket,
-                owner: e.owner,
-                info: e.holder,
-            }),
-        Err(e) => {
-            tracing::debug!(error = %e, "could not read the holder");
-            None
         }
     }
 }

@@ -47,7 +47,7 @@ use tracing::Instrument;
 use crate::config::{
     skipped_body, Config, ConfigError, OnBusy, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
 };
-use crate::{EntryState, Error, HeldBy, HolderInfo, Locker, ReleaseOutcome};
+use crate::{Error, HolderInfo, Locker, ReleaseOutcome};
 
 /// What the wrapped handler answers: its own response, or the skip body.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -185,7 +185,10 @@ where
                                 holder: Some(h), ..
                             } => Some((**h).clone()),
                             // Lost the race to enqueue: one more read names the holder.
-                            _ => current_holder(&layer.locker, &key, opts.clock_skew).await,
+                            _ => layer.locker.holder(&key, opts.clock_skew).await.unwrap_or_else(|e| {
+                                tracing::debug!(error = %e, "could not read the holder");
+                                None
+                            }),
                         };
                         let held_by = held_by.as_ref();
                         return match config.on_busy {
@@ -222,24 +225,6 @@ where
             }
             .instrument(span),
         )
-    }
-}
-
-/// The holder of `key` right now, if any (for the skip body).
-async fn current_holder(locker: &Locker, key: &str, skew: crate::ClockSkew) -> Option<HeldBy> {
-    match locker.queue(key, skew).await {
-        Ok(entries) => entries
-            .into_iter()
-            .find(|e| e.state == EntryState::Holding)
-            .map(|e| HeldBy {
-                ticket: e.ticket,
-                owner: e.owner,
-                info: e.holder,
-            }),
-        Err(e) => {
-            tracing::debug!(error = %e, "could not read the holder");
-            None
-        }
     }
 }
 

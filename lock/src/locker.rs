@@ -185,6 +185,22 @@ impl Locker {
         Ok(QueueEntry::classify(snap, self.clock.wall_ms(), skew))
     }
 
+    /// The current holder of `key` (the first live row), if any: one strongly consistent read.
+    /// Used to name the holder when an acquisition gave up without knowing it (it lost the race
+    /// to enqueue).
+    pub async fn holder(&self, key: &str, skew: ClockSkew) -> Result<Option<HeldBy>, Error> {
+        Ok(self
+            .queue(key, skew)
+            .await?
+            .into_iter()
+            .find(|e| e.state == crate::EntryState::Holding)
+            .map(|e| HeldBy {
+                ticket: e.ticket,
+                owner: e.owner,
+                info: e.holder,
+            }))
+    }
+
     pub(crate) fn remember(hints: &Mutex<HashMap<String, u64>>, key: &str, ticket: Option<u64>) {
         let Ok(mut hints) = hints.lock() else { return };
         match ticket {
