@@ -149,12 +149,12 @@ async fn part_one(endpoint: &str, table: &str, locker: &Locker, work: &Path) {
     }
     let ran = runs(&record);
     note(&format!(
-        "→ {} of {} ran the handler (2 s of work); the others were answered at once with the \"skipped\"",
+        "→ {} of {} ran the handler (2 s of work); the others never reached it and got the \"skipped\"",
         ran.len(),
         results.len()
     ));
     note(&format!(
-        "  body naming the holder, instead of waiting or running twice. Burst done in {:.1} s.",
+        "  body naming the holder (their time is mostly the emulator's cold start). Burst done in {:.1} s.",
         started.elapsed().as_secs_f64()
     ));
     note("The next scheduled event, once the run is over, runs normally:");
