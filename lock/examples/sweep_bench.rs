@@ -20,13 +20,12 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, ReturnConsumedCapacity, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use aws_sdk_dynamodb::Client;
 use flightlock::schema::{self, n, s, NewRow};
 use flightlock::sweep::{SweepOptions, Sweeper, FILTER, PROJECTION};
 use flightlock::{Clock, HolderInfo, SystemClock};
 use flightlock_testkit::FaultProxy;
-use futures::StreamExt;
 use tokio::time::Instant;
 
 struct Args {
@@ -90,36 +89,6 @@ fn dead_row(key: &str, now_ms: i64) -> HashMap<String, AttributeValue> {
     .to_item()
 }
 
-/// Writes items with BatchWriteItem, 25 per request, 16 requests in flight, retrying
-/// unprocessed items.
-async fn batch_put(client: &Client, table: &str, items: Vec<HashMap<String, AttributeValue>>) {
-    let batches: Vec<Vec<_>> = items.chunks(25).map(<[_]>::to_vec).collect();
-    futures::stream::iter(batches)
-        .for_each_concurrent(16, |batch| async move {
-            let mut requests: Vec<WriteRequest> = batch
-                .into_iter()
-                .map(|item| {
-                    WriteRequest::builder()
-                        .put_request(PutRequest::builder().set_item(Some(item)).build().unwrap())
-                        .build()
-                })
-                .collect();
-            while !requests.is_empty() {
-                let out = client
-                    .batch_write_item()
-                    .request_items(table, requests)
-                    .send()
-                    .await
-                    .unwrap();
-                requests = out
-                    .unprocessed_items
-                    .and_then(|mut m| m.remove(table))
-                    .unwrap_or_default();
-            }
-        })
-        .await;
-}
-
 async fn write_dead(client: &Client, table: &str, count: usize) {
     let now = SystemClock.wall_ms();
     let items = (0..count)
@@ -128,7 +97,9 @@ async fn write_dead(client: &Client, table: &str, count: usize) {
             [counter(&key, 7), dead_row(&key, now)]
         })
         .collect();
-    batch_put(client, table, items).await;
+    flightlock_testkit::batch_put(client, table, items, 16)
+        .await
+        .unwrap();
 }
 
 /// Read units a full Scan with the sweeper's filter and projection consumes.
@@ -182,7 +153,9 @@ async fn main() {
 
     let t = Instant::now();
     let idle = (0..args.idle).map(|i| counter(&idle_key(i), 3)).collect();
-    batch_put(&client, &table, idle).await;
+    flightlock_testkit::batch_put(&client, &table, idle, 16)
+        .await
+        .unwrap();
     println!(
         "wrote {} idle keys in {:.1} s ({:.0} items/s with BatchWriteItem)",
         args.idle,

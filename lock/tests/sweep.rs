@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use flightlock::schema::{self, n, queue_sk, s, NewRow};
 use flightlock::sweep::{RowOutcome, SweepOptions, Sweeper};
@@ -89,7 +89,9 @@ impl Env {
         let items: Vec<_> = (0..count)
             .map(|i| counter(&format!("{prefix}-{i}"), 3))
             .collect();
-        batch_put(&self.client, &self.table, items).await;
+        flightlock_testkit::batch_put(&self.client, &self.table, items, 8)
+            .await
+            .unwrap();
     }
 
     async fn exists(&self, key: &str, sk: &str) -> Option<HashMap<String, AttributeValue>> {
@@ -160,35 +162,6 @@ fn counter(key: &str, last: u64) -> HashMap<String, AttributeValue> {
         (schema::SK.to_owned(), s(schema::COUNTER_SK)),
         (schema::LAST.to_owned(), n(last)),
     ])
-}
-
-async fn batch_put(client: &Client, table: &str, items: Vec<HashMap<String, AttributeValue>>) {
-    use futures::StreamExt;
-    let batches: Vec<Vec<_>> = items.chunks(25).map(<[_]>::to_vec).collect();
-    futures::stream::iter(batches)
-        .for_each_concurrent(8, |batch| async move {
-            let mut requests: Vec<WriteRequest> = batch
-                .into_iter()
-                .map(|item| {
-                    WriteRequest::builder()
-                        .put_request(PutRequest::builder().set_item(Some(item)).build().unwrap())
-                        .build()
-                })
-                .collect();
-            while !requests.is_empty() {
-                let out = client
-                    .batch_write_item()
-                    .request_items(table, requests)
-                    .send()
-                    .await
-                    .unwrap();
-                requests = out
-                    .unprocessed_items
-                    .and_then(|mut m| m.remove(table))
-                    .unwrap_or_default();
-            }
-        })
-        .await;
 }
 
 /// Key and ticket of the rows a sweep listed with `outcome`.
@@ -480,7 +453,9 @@ async fn the_time_budget_stops_early_and_the_sweep_resumes() {
             .to_item()
         })
         .collect();
-    batch_put(&env.client, &env.table, dead).await;
+    flightlock_testkit::batch_put(&env.client, &env.table, dead, 8)
+        .await
+        .unwrap();
 
     let (sweeper, proxy) = env.proxied_sweeper().await;
     proxy.add_rule(Rule::new(Fault::DelayRequest(Duration::from_millis(150))).on("Scan"));

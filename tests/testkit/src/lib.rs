@@ -122,6 +122,43 @@ pub async fn client_with(
     aws_sdk_dynamodb::Client::from_conf(f(builder).build())
 }
 
+/// Writes `items` into `table` with `BatchWriteItem`: 25 items per request, `concurrency`
+/// requests in flight, retrying unprocessed items until every item is written. For filling test
+/// and benchmark tables quickly.
+pub async fn batch_put(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    items: Vec<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>>,
+    concurrency: usize,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+    use futures::TryStreamExt;
+    let batches: Vec<Vec<_>> = items.chunks(25).map(<[_]>::to_vec).collect();
+    futures::stream::iter(batches.into_iter().map(Ok))
+        .try_for_each_concurrent(concurrency, |batch| async move {
+            let mut requests = batch
+                .into_iter()
+                .map(|item| {
+                    let put = PutRequest::builder().set_item(Some(item)).build()?;
+                    Ok(WriteRequest::builder().put_request(put).build())
+                })
+                .collect::<Result<Vec<_>, aws_sdk_dynamodb::error::BuildError>>()?;
+            while !requests.is_empty() {
+                let out = client
+                    .batch_write_item()
+                    .request_items(table, requests)
+                    .send()
+                    .await?;
+                requests = out
+                    .unprocessed_items
+                    .and_then(|mut m| m.remove(table))
+                    .unwrap_or_default();
+            }
+            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+        })
+        .await
+}
+
 /// A DynamoDB table name unique per call and per process:
 /// `{prefix}-{pid}-{counter}-{random}`.
 ///
