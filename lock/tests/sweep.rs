@@ -360,6 +360,9 @@ async fn a_real_heartbeat_beats_the_sweepers_delete() {
         wait: Wait::NoWait,
         lease: Duration::from_secs(3),
         heartbeat: Some(Duration::from_millis(500)),
+        // expiresAt = lagging lease end + grace must stay in the future, or DynamoDB Local's
+        // real TTL may delete the row mid-test.
+        ttl_grace: Duration::from_secs(3 * 3600),
         ..LockOptions::default()
     };
     let guard = locker.acquire("lagging", &opts).await.unwrap();

@@ -21,8 +21,11 @@ async fn race(name: &str, offset_ms: i64, skew: ClockSkew) -> (Instant, Instant)
         .locker()
         .await
         .with_clock(Arc::new(SkewedClock { offset_ms }));
+    // Lagging clocks write expiresAt in the past unless the TTL grace covers the lag; DynamoDB
+    // Local's real TTL would then delete rows mid-test.
     let opts = LockOptions {
         clock_skew: skew,
+        ttl_grace: Duration::from_secs(3 * 3600),
         ..fast()
     };
     let waiter = tokio::spawn(async move {
