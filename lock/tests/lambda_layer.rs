@@ -153,7 +153,7 @@ async fn skip_policy_answers_a_busy_key_with_the_skip_body_naming_the_holder() {
 
     let first = tokio::spawn({
         let service = service.clone();
-        async move { call(service.clone(), "req-1", json!({"n": 1})).await }
+        async move { call(service, "req-1", json!({"n": 1})).await }
     });
     until_running(&probe, 1).await;
 
@@ -201,7 +201,7 @@ async fn error_policy_fails_a_busy_key_with_flightlock_busy() {
 
     let first = tokio::spawn({
         let service = service.clone();
-        async move { call(service.clone(), "req-1", json!({})).await }
+        async move { call(service, "req-1", json!({})).await }
     });
     until_running(&probe, 1).await;
 
@@ -228,12 +228,12 @@ async fn key_templates_let_other_keys_run_and_reject_events_without_the_field() 
 
     let first = tokio::spawn({
         let service = service.clone();
-        async move { call(service.clone(), "req-1", json!({"account": "a"})).await }
+        async move { call(service, "req-1", json!({"account": "a"})).await }
     });
     until_running(&probe, 1).await;
     let other = tokio::spawn({
         let service = service.clone();
-        async move { call(service.clone(), "req-2", json!({"account": "b"})).await }
+        async move { call(service, "req-2", json!({"account": "b"})).await }
     });
     until_running(&probe, 2).await; // another key is not held up
 
@@ -303,7 +303,7 @@ async fn waiting_invocations_run_one_at_a_time_in_arrival_order() {
     for n in 0..5 {
         let service = service.clone();
         calls.push(tokio::spawn(async move {
-            call(service.clone(), &format!("req-{n}"), json!({"n": n})).await
+            call(service, &format!("req-{n}"), json!({"n": n})).await
         }));
         // The next one arrives after this one has its ticket.
         until_queued(&locker, "nightly", n + 1).await;
