@@ -104,7 +104,8 @@ async fn main() {
     for (label, warm) in [("cold", false), ("warm", true)] {
         let mut acq = Vec::new();
         let mut rel = Vec::new();
-        let shared = Locker::new(flightlock_testkit::client(&proxy.endpoint()).await, &table);
+        let client = flightlock_testkit::client(&proxy.endpoint()).await;
+        let shared = Locker::new(client.clone(), &table);
         let key = format!("uncontended-{label}");
         // Prime the key so "cold" is not the very first use of the key.
         shared
@@ -119,7 +120,7 @@ async fn main() {
             let locker = if warm {
                 shared.clone()
             } else {
-                Locker::new(shared.client().clone(), &table)
+                Locker::new(client.clone(), &table)
             };
             let t0 = Instant::now();
             let g = locker.acquire(&key, &opts()).await.unwrap();

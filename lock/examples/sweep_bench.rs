@@ -80,7 +80,8 @@ fn dead_row(key: &str, now_ms: i64) -> HashMap<String, AttributeValue> {
         lease_until_ms: now_ms - 3_600_000,
         lease_ms: 20_000,
         // expiresAt 30 days ahead, so DynamoDB Local's TTL never removes a row before the sweep.
-        grace_ms: 30 * 86_400_000,
+        expires_at: flightlock::schema::ttl_seconds(now_ms - 3_600_000 + 30 * 86_400_000),
+        clock_free: false,
         rvn: "4d3c2b1a",
         now_ms: now_ms - 3_620_000,
         granted: true,

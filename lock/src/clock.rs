@@ -13,13 +13,26 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-/// Source of wall and monotonic time.
+/// Source of wall and monotonic time, and of chance.
+///
+/// The clock is the seam for every source of nondeterminism the protocol reads: time, and the
+/// random numbers behind jitter and ids. A simulation that supplies all three from one seed can
+/// replay a run exactly.
 pub trait Clock: Send + Sync + Debug + 'static {
     /// Wall-clock time, epoch milliseconds.
     fn wall_ms(&self) -> i64;
     /// Monotonic time.
     fn now(&self) -> Instant {
         Instant::now()
+    }
+    /// A random number (jitter, owner ids, record versions).
+    fn random(&self) -> u64 {
+        rand::random()
+    }
+    /// A random fraction in `[0, 1)`, for jitter.
+    fn jitter(&self) -> f64 {
+        // 53 random bits: every value is exact in an f64.
+        (self.random() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

@@ -8,8 +8,8 @@ use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::heartbeat::{current, LostReason, Membership, RowState};
-use crate::locker::Locker;
-use crate::store::Owned;
+use crate::locker::{Hint, Locker};
+use crate::storage::Owned;
 
 /// A held lock. It heartbeats in the background until [`LockGuard::release`] (or drop, which
 /// releases in the background).
@@ -22,7 +22,7 @@ use crate::store::Owned;
 pub struct LockGuard {
     membership: Option<Membership>,
     waited: Duration,
-    hints: Arc<Mutex<HashMap<String, u64>>>,
+    hints: Arc<Mutex<HashMap<String, Hint>>>,
 }
 
 /// What [`LockGuard::release`] found.
@@ -39,7 +39,7 @@ impl LockGuard {
     pub(crate) fn new(
         membership: Membership,
         waited: Duration,
-        hints: Arc<Mutex<HashMap<String, u64>>>,
+        hints: Arc<Mutex<HashMap<String, Hint>>>,
     ) -> Self {
         LockGuard {
             membership: Some(membership),
@@ -109,12 +109,15 @@ impl LockGuard {
             return Ok(ReleaseOutcome::Lost);
         };
         let key = m.key.clone();
-        let ticket = m.ticket;
+        let hint = Hint {
+            ticket: m.ticket,
+            owner: m.owner.to_string(),
+        };
         let result = m.leave().await;
         // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
         // were granted and cannot reappear, so if the counter still stands at `ticket` the queue
         // is empty and the next acquire can skip its read.
-        let hint = matches!(result, Ok(Owned::Yes)).then_some(ticket);
+        let hint = matches!(result, Ok(Owned::Yes)).then_some(hint);
         Locker::remember(&self.hints, &key, hint);
         match result? {
             Owned::Yes => Ok(ReleaseOutcome::Released),
@@ -142,6 +145,15 @@ impl LostSignal {
         match current(&self.0.borrow()) {
             RowState::Lost(r) => Some(r),
             RowState::Live(_) => None,
+        }
+    }
+
+    /// Until when the holder believes in its lease (`None` once lost).
+    #[cfg(test)]
+    pub(crate) fn valid_until(&self) -> Option<tokio::time::Instant> {
+        match current(&self.0.borrow()) {
+            RowState::Live(until) => Some(until),
+            RowState::Lost(_) => None,
         }
     }
 

@@ -26,7 +26,7 @@ use crate::clock::Clock;
 use crate::error::Error;
 use crate::liveness::backoff;
 use crate::options::LockOptions;
-use crate::store::{Beat, Failure, Owned, Store};
+use crate::storage::{Beat, Failure, Owned, Renewal, Store};
 
 /// Why a lock (or a place in the queue) was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -72,8 +72,8 @@ pub(crate) fn current(state: &RowState) -> RowState {
 #[derive(Debug, Clone)]
 pub(crate) struct Timing {
     pub interval: Duration,
-    pub grace: Duration,
-    /// The options, for [`LockOptions::lease_until_ms`] (lease length and cap).
+    /// The options, for [`LockOptions::lease_until_ms`] (lease length and cap) and
+    /// [`LockOptions::expires_at`].
     pub opts: Arc<LockOptions>,
 }
 
@@ -84,10 +84,13 @@ pub(crate) struct Written<'a> {
     pub owner: &'a str,
     /// The queue was clear: the row holds the key from the start.
     pub granted: bool,
-    /// Monotonic instant taken before the write was sent.
+    /// Monotonic instant taken before the write was first sent (retries of an ambiguous write
+    /// resend the same request, so its lease counts from the first attempt).
     pub sent: Instant,
     /// How long after `sent` the written lease lasts (the lease, or less under a cap).
     pub valid_for: Duration,
+    /// The `leaseUntilMs` the row was written with: heartbeats never write a lower one.
+    pub lease_until_ms: i64,
 }
 
 /// Our row and its heartbeat task.
@@ -103,6 +106,7 @@ pub(crate) struct Membership {
     poke: Arc<Notify>,
     granted: Arc<AtomicBool>,
     failures: Arc<AtomicU64>,
+    clock: Arc<dyn Clock>,
     left: bool,
 }
 
@@ -121,6 +125,7 @@ impl Membership {
             granted,
             sent,
             valid_for,
+            lease_until_ms,
         } = row;
         let (tx, rx) = watch::channel(RowState::Live(sent + valid_for));
         let failures = Arc::new(AtomicU64::new(0));
@@ -136,14 +141,14 @@ impl Membership {
                 ticket,
                 owner: owner.clone(),
                 timing,
-                clock,
+                clock: clock.clone(),
                 state: tx,
                 cancel: cancel.clone(),
                 poke: poke.clone(),
                 granted: granted.clone(),
                 failures: failures.clone(),
             }
-            .run(sent + valid_for),
+            .run(sent + valid_for, lease_until_ms),
         );
         Membership {
             store,
@@ -156,6 +161,7 @@ impl Membership {
             poke,
             granted,
             failures,
+            clock,
             left: false,
         }
     }
@@ -194,12 +200,27 @@ impl Membership {
         if let RowState::Lost(_) = self.state() {
             // Still try to delete: if the row is ours (e.g. the lease ran out while DynamoDB was
             // unreachable) removing it hands the key on sooner.
-            return match delete_with_retry(&self.store, &self.key, self.ticket, &self.owner).await {
+            return match delete_with_retry(
+                &self.store,
+                &*self.clock,
+                &self.key,
+                self.ticket,
+                &self.owner,
+            )
+            .await
+            {
                 Ok(_) => Ok(Owned::No),
                 Err(e) => Err(e),
             };
         }
-        delete_with_retry(&self.store, &self.key, self.ticket, &self.owner).await
+        delete_with_retry(
+            &self.store,
+            &*self.clock,
+            &self.key,
+            self.ticket,
+            &self.owner,
+        )
+        .await
     }
 }
 
@@ -212,15 +233,16 @@ impl Drop for Membership {
         // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
         // the background if a runtime is still there; otherwise it goes stale after one lease.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (store, key, owner, ticket) = (
+            let (store, clock, key, owner, ticket) = (
                 self.store.clone(),
+                self.clock.clone(),
                 self.key.clone(),
                 self.owner.clone(),
                 self.ticket,
             );
             let tracker = self.store.background().clone();
             tracker.spawn_on(async move {
-                if let Err(e) = delete_with_retry(&store, &key, ticket, &owner).await {
+                if let Err(e) = delete_with_retry(&store, &*clock, &key, ticket, &owner).await {
                     tracing::warn!(key = %key, ticket, error = %e, "background release failed; the row will be passed over after its lease");
                 }
             }, &rt);
@@ -236,6 +258,7 @@ impl Drop for Membership {
 /// the caller's lost signal reports on its own.)
 pub(crate) async fn delete_with_retry(
     store: &Store,
+    clock: &dyn Clock,
     key: &str,
     ticket: u64,
     owner: &str,
@@ -254,7 +277,7 @@ pub(crate) async fn delete_with_retry(
                     attempt,
                     Duration::from_millis(25),
                     Duration::from_millis(500),
-                    rand::random(),
+                    clock.jitter(),
                 );
                 tokio::time::sleep(pause).await;
             }
@@ -278,8 +301,13 @@ struct Heartbeat {
 }
 
 impl Heartbeat {
-    async fn run(self, first_valid_until: Instant) {
+    async fn run(self, first_valid_until: Instant, first_lease_until_ms: i64) {
         let mut valid_until = first_valid_until;
+        // The highest `leaseUntilMs` sent so far (confirmed or not: an unconfirmed write may
+        // have landed). Each heartbeat writes at least this, so its condition
+        // (`leaseUntilMs <= :until`) passes even if our wall clock stepped back, while an older
+        // heartbeat that lands late fails it instead of rolling the lease back.
+        let mut last_until = first_lease_until_ms;
         let mut next = Instant::now() + self.timing.interval;
         let mut failures: u32 = 0;
         loop {
@@ -292,23 +320,33 @@ impl Heartbeat {
             }
             let sent = self.clock.now();
             let wall = self.clock.wall_ms();
-            let lease_until_ms = self.timing.opts.lease_until_ms(wall);
-            if lease_until_ms <= wall {
+            let opts = &self.timing.opts;
+            let wanted = opts.lease_until_ms(wall);
+            if wanted <= wall {
                 // The cap is reached: no more renewals. The lease runs out at `valid_until`.
                 next = valid_until + Duration::from_secs(3600);
                 continue;
             }
-            let valid_for =
-                Duration::from_millis(u64::try_from(lease_until_ms - wall).unwrap_or(0));
-            let rvn = crate::locker::new_id();
+            let lease_until_ms = wanted.max(last_until);
+            last_until = lease_until_ms;
+            // How long others must treat the row as live after this write lands. Clock-free
+            // waiters count the row's lease on their own clocks from when they see the new rvn;
+            // others compare `leaseUntilMs` with their wall clocks, which (within the allowance)
+            // agree with ours: never more than one lease, whatever `last_until` added.
+            let valid_for = if opts.clock_free() {
+                opts.lease
+            } else {
+                Duration::from_millis(u64::try_from(wanted - wall).unwrap_or(0)).min(opts.lease)
+            };
+            let rvn = crate::locker::new_id(&*self.clock);
             let granted = self.granted.load(Ordering::Acquire);
             let beat = Beat {
-                key: &self.key,
+                key: self.key.to_string(),
                 ticket: self.ticket,
-                owner: &self.owner,
+                owner: self.owner.to_string(),
                 lease_until_ms,
-                grace_ms: millis(self.timing.grace),
-                rvn: &rvn,
+                expires_at: opts.expires_at(lease_until_ms),
+                rvn,
                 acquired_at_ms: granted.then_some(wall),
             };
             let result = tokio::select! {
@@ -317,34 +355,41 @@ impl Heartbeat {
                 _ = sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
                 r = self.store.heartbeat(&beat) => r,
             };
-            match result {
-                Ok(Owned::Yes) => {
+            let failure = match result {
+                Ok(Renewal::Renewed) => {
                     failures = 0;
                     valid_until = sent + valid_for;
                     next = sent + self.timing.interval;
                     self.state.send_replace(RowState::Live(valid_until));
+                    continue;
                 }
-                Ok(Owned::No) => return self.lost(LostReason::RowGone),
-                Err(failure) => {
-                    failures += 1;
-                    self.failures.fetch_add(1, Ordering::Relaxed);
-                    let (throttled, error) = match &failure {
-                        Failure::Retry {
-                            throttled, source, ..
-                        } => (*throttled, source.to_string()),
-                        Failure::Fatal(e) => (false, e.to_string()),
-                    };
-                    tracing::warn!(key = %self.key, ticket = self.ticket, throttled, failures, %error,
-                        "heartbeat failed; retrying before the lease runs out");
-                    let pause = backoff(
-                        failures,
-                        Duration::from_millis(50),
-                        self.timing.interval / 2,
-                        rand::random(),
-                    );
-                    next = Instant::now() + pause;
-                }
-            }
+                Ok(Renewal::Gone) => return self.lost(LostReason::RowGone),
+                // Only an older heartbeat can meet a later lease; ours are sent in order with
+                // non-decreasing leases. Not extended: treat it as a failed attempt.
+                Ok(Renewal::Superseded) => Failure::Retry {
+                    throttled: false,
+                    operation: "UpdateItem",
+                    source: "the row already carries a later lease than this heartbeat".into(),
+                },
+                Err(f) => f,
+            };
+            failures += 1;
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            let (throttled, error) = match &failure {
+                Failure::Retry {
+                    throttled, source, ..
+                } => (*throttled, source.to_string()),
+                Failure::Fatal(e) => (false, e.to_string()),
+            };
+            tracing::warn!(key = %self.key, ticket = self.ticket, throttled, failures, %error,
+                "heartbeat failed; retrying before the lease runs out");
+            let pause = backoff(
+                failures,
+                Duration::from_millis(50),
+                self.timing.interval / 2,
+                self.clock.jitter(),
+            );
+            next = Instant::now() + pause;
         }
     }
 

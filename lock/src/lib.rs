@@ -62,6 +62,9 @@ mod locker;
 pub mod options;
 mod queue;
 pub mod schema;
+#[cfg(test)]
+mod sim;
+mod storage;
 mod store;
 pub mod sweep;
 pub mod table;

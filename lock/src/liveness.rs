@@ -32,11 +32,29 @@ pub enum Verdict {
     Stale,
 }
 
-/// Remembers when each row's current `rvn` was first seen (needed for clock-free mode).
+/// Remembers when each row's current `rvn` was first seen (needed for clock-free mode), and
+/// whether the row has been seen to change at all (proof that its owner is alive).
+///
+/// A [`crate::Locker`] keeps one for its whole life, not one per acquisition: a process that
+/// asks again later (a warm Lambda sandbox, a long-running service) remembers what it saw, so in
+/// clock-free mode a dead row it met before is passed over without watching it for another lease.
 #[derive(Debug, Default)]
 pub struct Observer {
-    seen: HashMap<String, (String, Instant)>,
+    seen: HashMap<String, Sighting>,
 }
+
+#[derive(Debug)]
+struct Sighting {
+    rvn: String,
+    since: Instant,
+    last: Instant,
+    changed: bool,
+}
+
+/// Sightings not refreshed for this long are forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+/// At most this many rows are remembered; past it the least recently seen are forgotten.
+const MAX_SIGHTINGS: usize = 10_000;
 
 impl Observer {
     /// Judges one row. `wall_ms` is our wall clock, `now` our monotonic clock.
@@ -47,13 +65,22 @@ impl Observer {
         now: Instant,
         skew: ClockSkew,
     ) -> Verdict {
-        let first_seen = match self.seen.get(&row.owner) {
-            Some((rvn, at)) if *rvn == row.rvn => *at,
-            _ => {
-                self.seen.insert(row.owner.clone(), (row.rvn.clone(), now));
-                now
-            }
-        };
+        let sighting = self
+            .seen
+            .entry(row.owner.clone())
+            .or_insert_with(|| Sighting {
+                rvn: row.rvn.clone(),
+                since: now,
+                last: now,
+                changed: false,
+            });
+        if sighting.rvn != row.rvn {
+            sighting.rvn.clone_from(&row.rvn);
+            sighting.since = now;
+            sighting.changed = true;
+        }
+        sighting.last = now;
+        let first_seen = sighting.since;
         match skew {
             ClockSkew::Bounded(allowance) => {
                 let allowance_ms = i64::try_from(allowance.as_millis()).unwrap_or(i64::MAX);
@@ -75,11 +102,23 @@ impl Observer {
         }
     }
 
-    /// Forgets rows that are no longer in the queue, so memory stays bounded by the queue.
-    pub fn retain_present<'a>(&mut self, owners: impl IntoIterator<Item = &'a str>) {
-        let present: std::collections::HashSet<&str> = owners.into_iter().collect();
+    /// Whether we have seen this owner's row change: its owner was alive a moment ago. Clock-free
+    /// mode needs it to say "busy" truthfully: a row seen once may be a dead one.
+    pub fn seen_alive(&self, owner: &str) -> bool {
+        self.seen.get(owner).is_some_and(|s| s.changed)
+    }
+
+    /// Forgets rows not seen for an hour, and the least recently seen beyond a bound, so memory
+    /// stays bounded however many keys and rows pass by.
+    pub fn forget_old(&mut self, now: Instant) {
         self.seen
-            .retain(|owner, _| present.contains(owner.as_str()));
+            .retain(|_, s| now.saturating_duration_since(s.last) < FORGET_AFTER);
+        if self.seen.len() > MAX_SIGHTINGS {
+            let mut lasts: Vec<Instant> = self.seen.values().map(|s| s.last).collect();
+            lasts.sort_unstable();
+            let cut = lasts[lasts.len() - MAX_SIGHTINGS];
+            self.seen.retain(|_, s| s.last >= cut);
+        }
     }
 }
 
@@ -129,6 +168,7 @@ mod tests {
             rvn: rvn.into(),
             enqueued_at_ms: None,
             acquired_at_ms: None,
+            clock_free: false,
             holder: HolderInfo::default(),
         }
     }
@@ -197,14 +237,29 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn observer_forgets_rows_not_seen_for_an_hour() {
+        let mut o = Observer::default();
+        o.judge(&row("a", "1", 0), 0, Instant::now(), SKEW);
+        tokio::time::advance(Duration::from_secs(1800)).await;
+        o.judge(&row("b", "1", 0), 0, Instant::now(), SKEW);
+        tokio::time::advance(Duration::from_secs(1801)).await;
+        o.forget_old(Instant::now());
+        assert_eq!(o.seen.len(), 1);
+        assert!(o.seen.contains_key("b"));
+    }
+
     #[test]
-    fn observer_forgets_rows_that_left() {
+    fn a_changed_rvn_proves_the_owner_alive() {
         let mut o = Observer::default();
         let now = Instant::now();
-        o.judge(&row("a", "1", 0), 0, now, SKEW);
-        o.judge(&row("b", "1", 0), 0, now, SKEW);
-        o.retain_present(["b"]);
-        assert_eq!(o.seen.len(), 1);
+        o.judge(&row("a", "1", 0), 0, now, ClockSkew::Unbounded);
+        assert!(!o.seen_alive("a"));
+        o.judge(&row("a", "1", 0), 0, now, ClockSkew::Unbounded);
+        assert!(!o.seen_alive("a"));
+        o.judge(&row("a", "2", 0), 0, now, ClockSkew::Unbounded);
+        assert!(o.seen_alive("a"));
+        assert!(!o.seen_alive("b"));
     }
 
     #[test]

@@ -35,12 +35,13 @@ use tokio::time::Instant;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, HeldBy};
 use crate::guard::LockGuard;
-use crate::heartbeat::{millis, Membership, RowState, Timing, Written};
+use crate::heartbeat::{delete_with_retry, millis, Membership, RowState, Timing, Written};
 use crate::liveness::{backoff, poll_interval, Observer, Verdict};
 use crate::options::{ClockSkew, LockOptions, Wait};
 use crate::queue::QueueEntry;
 use crate::schema::{validate_key, NewRow, QueueRow, Snapshot};
-use crate::store::{Enqueue, Failure, StaleDelete, Store};
+use crate::storage::{Enqueue, EnqueueRequest, Failure, StaleDelete, Storage, Store};
+use crate::store::Dynamo;
 
 /// At most this many keys' hints are remembered (one `u64` each).
 const MAX_HINTS: usize = 4096;
@@ -48,19 +49,27 @@ const MAX_HINTS: usize = 4096;
 /// Retries of transient failures last at least this long, even with `wait = 0`.
 const MIN_RETRY_BUDGET: Duration = Duration::from_secs(5);
 
+/// The per-attempt timeout set on clients that have none: a request that has not answered by
+/// then is abandoned (and retried). A cancelled acquisition removes a row its last enqueue may
+/// still write once more after this long.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A fresh random id: 20 hex digits (80 bits). Used for owners and record versions.
-pub(crate) fn new_id() -> String {
-    let v: u128 = rand::random();
-    format!("{:020x}", v & ((1u128 << 80) - 1))
+pub(crate) fn new_id(clock: &dyn Clock) -> String {
+    let hi = u128::from(clock.random());
+    let lo = u128::from(clock.random());
+    format!("{:020x}", ((hi << 64) | lo) & ((1u128 << 80) - 1))
 }
 
 /// The entry point: a lock table and a DynamoDB client. Cheap to clone; share one per process
-/// (it remembers per-key hints that save a request per cycle).
+/// (it remembers per-key hints that save a request per cycle, and what it saw of other rows,
+/// which lets clock-free mode pass a dead row over without watching it again).
 #[derive(Clone, Debug)]
 pub struct Locker {
     store: Store,
     clock: Arc<dyn Clock>,
-    hints: Arc<Mutex<HashMap<String, u64>>>,
+    hints: Arc<Mutex<HashMap<String, Hint>>>,
+    observer: Arc<Mutex<Observer>>,
 }
 
 impl Locker {
@@ -88,14 +97,21 @@ impl Locker {
                 .timeout_config()
                 .map(|t| t.to_builder())
                 .unwrap_or_else(aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder);
-            timeouts.set_operation_attempt_timeout(Some(Duration::from_secs(5)));
+            timeouts.set_operation_attempt_timeout(Some(ATTEMPT_TIMEOUT));
             config = config.timeout_config(timeouts.build());
         }
         let client = Client::from_conf(config.build());
+        let table = table.as_ref();
+        Locker::on(Arc::new(Dynamo::new(client, table)), table)
+    }
+
+    /// A locker on any storage (the simulation's model of DynamoDB).
+    pub(crate) fn on(storage: Arc<dyn Storage>, table: &str) -> Locker {
         Locker {
-            store: Store::new(client, table.as_ref()),
+            store: Store::new(storage, table),
             clock: Arc::new(SystemClock),
             hints: Arc::default(),
+            observer: Arc::default(),
         }
     }
 
@@ -119,14 +135,14 @@ impl Locker {
         self.store.table()
     }
 
-    /// The DynamoDB client.
-    pub fn client(&self) -> &Client {
-        self.store.client()
-    }
-
     /// Acquires `key`, waiting as `opts.wait` says. On success the returned guard heartbeats in
     /// the background until it is released or dropped. [`Error::Busy`] means the key stayed held
     /// for the whole wait; no row of ours is left behind.
+    ///
+    /// Cancel-safe: dropping the returned future at any point (a timeout, a signal) leaves no
+    /// row behind that anyone must wait a lease for. A row already written is deleted in the
+    /// background (see [`Locker::flush`]); an enqueue still in flight is deleted again once it can
+    /// no longer land.
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard, Error> {
         validate_key(key)?;
         opts.validate()?;
@@ -137,7 +153,7 @@ impl Locker {
             opts,
             started,
             deadline: opts.wait.as_duration().map(|d| started + d),
-            observer: Observer::default(),
+            max_seen: 0,
         };
         let mut requeued = false;
         loop {
@@ -201,9 +217,9 @@ impl Locker {
             }))
     }
 
-    pub(crate) fn remember(hints: &Mutex<HashMap<String, u64>>, key: &str, ticket: Option<u64>) {
+    pub(crate) fn remember(hints: &Mutex<HashMap<String, Hint>>, key: &str, hint: Option<Hint>) {
         let Ok(mut hints) = hints.lock() else { return };
-        match ticket {
+        match hint {
             Some(t) => {
                 if hints.len() >= MAX_HINTS && !hints.contains_key(key) {
                     hints.clear();
@@ -216,8 +232,8 @@ impl Locker {
         }
     }
 
-    fn hint(&self, key: &str) -> Option<u64> {
-        self.hints.lock().ok()?.get(key).copied()
+    fn hint(&self, key: &str) -> Option<Hint> {
+        self.hints.lock().ok()?.get(key).cloned()
     }
 
     async fn read_with_retry(&self, key: &str, give_up: Instant) -> Result<Snapshot, Error> {
@@ -227,7 +243,7 @@ impl Locker {
                 Ok(snap) => return Ok(snap),
                 Err(f) => {
                     failures += 1;
-                    retry_pause(f, failures, give_up).await?;
+                    retry_pause(f, failures, give_up, &*self.clock).await?;
                 }
             }
         }
@@ -235,7 +251,12 @@ impl Locker {
 }
 
 /// Sleeps before a retry, or returns the failure as an error when the budget is spent.
-async fn retry_pause(failure: Failure, failures: u32, give_up: Instant) -> Result<(), Error> {
+async fn retry_pause(
+    failure: Failure,
+    failures: u32,
+    give_up: Instant,
+    clock: &dyn Clock,
+) -> Result<(), Error> {
     if let Failure::Retry {
         throttled,
         operation,
@@ -246,15 +267,25 @@ async fn retry_pause(failure: Failure, failures: u32, give_up: Instant) -> Resul
             failures,
             Duration::from_millis(25),
             Duration::from_secs(1),
-            rand::random(),
+            clock.jitter(),
         );
-        if Instant::now() + pause < give_up {
+        if clock.now() + pause < give_up {
             tracing::debug!(operation, throttled, failures, error = %source, "retrying");
             tokio::time::sleep(pause).await;
             return Ok(());
         }
     }
     Err(failure.into_error())
+}
+
+/// What a client remembers of its own last release of a key: every row with a lower ticket was
+/// gone when it was granted, and rows with lower tickets can never appear later (issuance and
+/// insertion are one transaction), so if the counter still stands at `ticket` *and was last
+/// moved by us* the queue is empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hint {
+    pub ticket: u64,
+    pub owner: String,
 }
 
 /// The state of one `acquire` call.
@@ -264,7 +295,9 @@ struct Attempt<'a> {
     opts: &'a LockOptions,
     started: Instant,
     deadline: Option<Instant>,
-    observer: Observer,
+    /// The highest ticket seen on the key (counter or row) during this call. Every ticket we
+    /// take is above it.
+    max_seen: u64,
 }
 
 /// Where the expected counter value came from.
@@ -272,6 +305,74 @@ struct Attempt<'a> {
 enum Source {
     Hint,
     Read,
+}
+
+/// An enqueue whose request may be on the wire: if the acquisition is dropped before it turns
+/// into a [`Membership`], the row it may have written is deleted in the background — at once,
+/// and again once the request can no longer land (after the attempt timeout), so a transaction
+/// that was still in flight cannot leave an orphan behind.
+struct InFlight {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    key: String,
+    owner: String,
+    /// Tickets that an unanswered or ambiguous request may have written.
+    tickets: Vec<u64>,
+}
+
+impl InFlight {
+    /// The rows that may exist, now that nobody will heartbeat them: removed in the background.
+    fn abandon(&mut self) {
+        let tickets = std::mem::take(&mut self.tickets);
+        if tickets.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, clock, key, owner) = (
+            self.store.clone(),
+            self.clock.clone(),
+            self.key.clone(),
+            self.owner.clone(),
+        );
+        let tracker = store.background().clone();
+        tracker.spawn_on(
+            async move {
+                for pass in 0..2 {
+                    if pass == 1 {
+                        tokio::time::sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
+                    }
+                    for &t in &tickets {
+                        if let Err(e) = delete_with_retry(&store, &*clock, &key, t, &owner).await {
+                            tracing::warn!(key = %key, ticket = t, error = %e, "could not remove a possibly written row; it goes stale after one lease");
+                        }
+                    }
+                }
+            },
+            &rt,
+        );
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}
+
+/// A prepared enqueue: one ticket, one token, one byte-identical request, and the lease it
+/// writes. Retries of an ambiguous attempt resend exactly this (a changed request under the
+/// same `ClientRequestToken` is an `IdempotentParameterMismatch` on DynamoDB, and on a server
+/// that ignores tokens the lease we would believe in would not be the one stored).
+struct Prepared {
+    request: EnqueueRequest,
+    /// Monotonic instant before the first send.
+    first_sent: Instant,
+    /// Wall time the row's lease was computed from.
+    wall: i64,
+    lease_until_ms: i64,
+    granted: bool,
 }
 
 impl Attempt<'_> {
@@ -313,20 +414,17 @@ impl Attempt<'_> {
             .locker
             .read_with_retry(self.key, self.retry_budget())
             .await?;
-        self.observer
-            .retain_present(snap.rows.iter().map(|r| r.owner.as_str()));
+        self.max_seen = self
+            .max_seen
+            .max(snap.counter.unwrap_or(0))
+            .max(snap.rows.last().map_or(0, |r| r.ticket));
         let mut first_live = None;
         for row in snap
             .rows
             .iter()
             .filter(|r| below.is_none_or(|b| r.ticket < b))
         {
-            let verdict = self.observer.judge(
-                row,
-                self.locker.clock.wall_ms(),
-                self.now(),
-                self.opts.clock_skew,
-            );
+            let verdict = self.judge(row);
             let live = match verdict {
                 Verdict::Live => true,
                 Verdict::Stale => {
@@ -343,6 +441,33 @@ impl Attempt<'_> {
         Ok((snap, first_live))
     }
 
+    fn judge(&self, row: &QueueRow) -> Verdict {
+        let (wall, now) = (self.locker.clock.wall_ms(), self.now());
+        match self.locker.observer.lock() {
+            Ok(mut o) => {
+                o.forget_old(now);
+                o.judge(row, wall, now, self.opts.clock_skew)
+            }
+            // A poisoned observer (a panic elsewhere) knows nothing: the row is live.
+            Err(_) => Verdict::Live,
+        }
+    }
+
+    /// Whether a live row ahead makes a `wait = 0` caller busy now. Bounded mode decides from one
+    /// read. Clock-free mode cannot: a row seen once may belong to a dead owner, and only an
+    /// unchanged `rvn` for a whole lease says so. It says busy once the row has been seen to
+    /// change (its owner is alive: at most one heartbeat interval of watching), and otherwise
+    /// keeps watching until the row goes stale and is passed over.
+    fn busy_now(&self, head: &QueueRow) -> bool {
+        if !self.opts.clock_free() {
+            return true;
+        }
+        self.locker
+            .observer
+            .lock()
+            .map_or(true, |o| o.seen_alive(&head.owner))
+    }
+
     async fn delete_stale(&self, row: &QueueRow) -> Result<StaleDelete, Error> {
         let give_up = self.retry_budget();
         let mut failures = 0;
@@ -356,78 +481,156 @@ impl Attempt<'_> {
                 Ok(o) => return Ok(o),
                 Err(f) => {
                     failures += 1;
-                    retry_pause(f, failures, give_up).await?;
+                    retry_pause(f, failures, give_up, &*self.locker.clock).await?;
                 }
             }
+        }
+    }
+
+    /// Builds the request for `ticket` (conditioned on the counter being `counter`).
+    fn prepare(
+        &self,
+        owner: &str,
+        ticket: u64,
+        counter: Option<u64>,
+        counter_owner: Option<String>,
+        clear: bool,
+    ) -> Prepared {
+        let opts = self.opts;
+        let clock = &*self.locker.clock;
+        let first_sent = clock.now();
+        let wall = clock.wall_ms();
+        let lease_until_ms = opts.lease_until_ms(wall);
+        let row = NewRow {
+            key: self.key,
+            ticket,
+            owner,
+            lease_until_ms,
+            lease_ms: millis(opts.lease),
+            expires_at: opts.expires_at(lease_until_ms),
+            clock_free: opts.clock_free(),
+            rvn: &new_id(clock),
+            now_ms: wall,
+            granted: clear,
+            holder: &opts.holder,
+        };
+        Prepared {
+            request: EnqueueRequest {
+                key: self.key.to_owned(),
+                ticket,
+                counter,
+                counter_owner,
+                row: row.to_item(),
+                owner: owner.to_owned(),
+                token: format!("{owner}{ticket:016x}"),
+            },
+            first_sent,
+            wall,
+            lease_until_ms,
+            granted: clear,
         }
     }
 
     /// Puts our row in the queue. Returns it, and whether the queue was clear (we hold the key).
     async fn enqueue(&mut self) -> Result<(Membership, bool), Error> {
         let opts = self.opts;
-        let owner = new_id();
-        let mut expected = self.locker.hint(self.key).map(|l| (l, Source::Hint));
-        let mut clear = expected.is_some();
-        let mut ambiguous: Vec<u64> = Vec::new();
+        let clock = self.locker.clock.clone();
+        let owner = new_id(&*clock);
+        let mut in_flight = InFlight {
+            store: self.locker.store.clone(),
+            clock: clock.clone(),
+            key: self.key.to_owned(),
+            owner: owner.clone(),
+            tickets: Vec::new(),
+        };
+        // (counter as read, where it came from, the queue was clear)
+        let hint = self.locker.hint(self.key);
+        let mut expected = hint.as_ref().map(|h| (Some(h.ticket), Source::Hint, true));
+        // Our own last ticket counts as seen: even a counter deleted by hand after we released
+        // cannot make this process take a lower one.
+        self.max_seen = self.max_seen.max(hint.as_ref().map_or(0, |h| h.ticket));
+        let mut prepared: Option<Prepared> = None;
         let mut failures = 0;
         let give_up = self.retry_budget();
         loop {
-            let (last, source) = match expected {
+            let (counter, source, clear) = match expected {
                 Some(e) => e,
                 None => {
                     let (snap, live) = self.survey(None).await?;
-                    if live.is_some() && opts.wait == Wait::NoWait {
-                        return Err(self.busy(live.as_ref()));
+                    if let Some(head) = &live {
+                        if opts.wait == Wait::NoWait && self.busy_now(head) {
+                            return Err(self.busy(live.as_ref()));
+                        }
                     }
-                    clear = live.is_none();
-                    expected = Some((snap.last, Source::Read));
-                    (snap.last, Source::Read)
+                    if let (Some(head), Wait::NoWait) = (&live, opts.wait) {
+                        // Clock-free, and the row ahead has not been seen alive yet: watch it.
+                        // It changes within a heartbeat if its owner lives, or goes stale (and
+                        // is passed over) after its lease; the bound is only a backstop.
+                        let row_lease =
+                            Duration::from_millis(u64::try_from(head.lease_ms).unwrap_or(0));
+                        if self.now() >= self.started + row_lease * 2 + opts.max_poll {
+                            return Err(self.busy(live.as_ref()));
+                        }
+                        let pause = poll_interval(1, 0, opts.poll, opts.max_poll, clock.jitter());
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                    let counter = snap.counter;
+                    let e = (counter, Source::Read, live.is_none());
+                    expected = Some(e);
+                    e
                 }
             };
-            let ticket = last + 1;
-            let sent = self.now();
-            let wall = self.locker.clock.wall_ms();
-            let row = NewRow {
-                key: self.key,
-                ticket,
-                owner: &owner,
-                lease_until_ms: opts.lease_until_ms(wall),
-                lease_ms: millis(opts.lease),
-                grace_ms: millis(opts.ttl_grace),
-                rvn: &new_id(),
-                now_ms: wall,
-                granted: clear,
-                holder: &opts.holder,
+            let ticket = counter.unwrap_or(0).max(self.max_seen) + 1;
+            let counter_owner = match (source, &hint) {
+                (Source::Hint, Some(h)) => Some(h.owner.clone()),
+                _ => None,
             };
-            let token = format!("{owner}{ticket:016x}");
-            match self.locker.store.enqueue(&row, last, &token).await {
+            let p = match prepared.take() {
+                Some(p)
+                    if p.request.ticket == ticket
+                        && p.request.counter == counter
+                        && p.request.counter_owner == counter_owner =>
+                {
+                    p
+                }
+                _ => self.prepare(&owner, ticket, counter, counter_owner, clear),
+            };
+            if !in_flight.tickets.contains(&ticket) {
+                in_flight.tickets.push(ticket);
+            }
+            let outcome = self.locker.store.enqueue(&p.request).await;
+            match outcome {
                 Ok(Enqueue::Done | Enqueue::AlreadyOurs) => {
+                    in_flight.tickets.retain(|&t| t != ticket);
                     let timing = Timing {
                         interval: opts.heartbeat_interval(),
-                        grace: opts.ttl_grace,
                         opts: Arc::new(opts.clone()),
+                    };
+                    let valid_for = if opts.clock_free() {
+                        opts.lease
+                    } else {
+                        Duration::from_millis(u64::try_from(p.lease_until_ms - p.wall).unwrap_or(0))
                     };
                     let written = Written {
                         key: self.key,
                         ticket,
                         owner: &owner,
-                        granted: clear,
-                        sent,
-                        valid_for: Duration::from_millis(
-                            u64::try_from(row.lease_until_ms - wall).unwrap_or(0),
-                        ),
+                        granted: p.granted,
+                        sent: p.first_sent,
+                        valid_for,
+                        lease_until_ms: p.lease_until_ms,
                     };
-                    let m = Membership::start(
-                        self.locker.store.clone(),
-                        self.locker.clock.clone(),
-                        written,
-                        timing,
-                    );
-                    // Earlier ambiguous attempts at other tickets did not commit (the counter
-                    // moved past them without our row), so there is nothing else to clean up.
-                    return Ok((m, clear));
+                    // No await from here on: the row passes from `in_flight` to the membership,
+                    // which removes it if dropped.
+                    let m = Membership::start(self.locker.store.clone(), clock, written, timing);
+                    in_flight.abandon(); // tickets of earlier ambiguous attempts, if any
+                    return Ok((m, p.granted));
                 }
                 Ok(Enqueue::CounterAt(current)) => {
+                    // Definite: nothing was written at this ticket.
+                    in_flight.tickets.retain(|&t| t != ticket);
+                    self.max_seen = self.max_seen.max(current.unwrap_or(0));
                     if source == Source::Hint {
                         // Our hint is old: others used the key since. Look before queueing.
                         expected = None;
@@ -437,45 +640,42 @@ impl Attempt<'_> {
                         // Someone enqueued between our read and our write: they are ahead.
                         return Err(self.busy(None));
                     }
-                    clear = false;
-                    expected = Some((current, Source::Read));
+                    expected = Some((current, Source::Read, false));
                     failures = 0;
                 }
+                Ok(Enqueue::TicketTaken) => {
+                    // The counter was lowered or deleted by hand and a row already has this
+                    // ticket: read the queue again, and take a ticket above everything on it.
+                    in_flight.tickets.retain(|&t| t != ticket);
+                    self.max_seen = self.max_seen.max(ticket);
+                    tracing::warn!(key = self.key, ticket, "the key's counter is behind its queue (was it deleted or changed by hand?); taking a higher ticket");
+                    expected = None;
+                }
                 Ok(Enqueue::Conflict) => {
+                    in_flight.tickets.retain(|&t| t != ticket);
                     failures += 1;
                     let pause = backoff(
                         failures,
                         Duration::from_millis(10),
                         opts.max_poll,
-                        rand::random(),
+                        clock.jitter(),
                     );
+                    if self.now() + pause >= give_up {
+                        return Err(self.busy(None));
+                    }
                     tokio::time::sleep(pause).await;
+                    prepared = Some(p);
                 }
                 Err(f) => {
-                    if matches!(f, Failure::Retry { .. }) {
-                        ambiguous.push(ticket);
-                    }
+                    // Ambiguous (or fatal): the ticket stays in `in_flight` until a definite
+                    // answer; the retry resends the very same request.
                     failures += 1;
-                    if let Err(e) = retry_pause(f, failures, give_up).await {
-                        self.abandon(&owner, &ambiguous).await;
-                        return Err(e);
-                    }
+                    prepared = Some(p);
+                    retry_pause(f, failures, give_up, &*clock).await?;
                 }
             }
             if self.timed_out() && opts.wait != Wait::NoWait {
-                self.abandon(&owner, &ambiguous).await;
                 return Err(self.busy(None));
-            }
-        }
-    }
-
-    /// Removes rows an ambiguous enqueue may have written before we gave up.
-    async fn abandon(&self, owner: &str, tickets: &[u64]) {
-        for &t in tickets {
-            if let Err(e) =
-                crate::heartbeat::delete_with_retry(&self.locker.store, self.key, t, owner).await
-            {
-                tracing::warn!(key = self.key, ticket = t, error = ?e, "could not remove a possibly written row; it goes stale after one lease");
             }
         }
     }
@@ -544,14 +744,15 @@ impl Attempt<'_> {
                 still_polls,
                 self.opts.poll,
                 self.opts.max_poll,
-                rand::random(),
+                self.locker.clock.jitter(),
             );
             if let Some(d) = self.deadline {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }
             tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
+                biased;
                 _ = lost.wait_for(|s| matches!(s, RowState::Lost(_))) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
@@ -563,17 +764,23 @@ mod tests {
 
     #[test]
     fn ids_are_20_hex_digits_and_differ() {
-        let a = new_id();
+        let a = new_id(&SystemClock);
         assert_eq!(a.len(), 20);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, new_id());
+        assert_ne!(a, new_id(&SystemClock));
     }
 
     #[test]
     fn hints_are_bounded() {
         let hints = Mutex::new(HashMap::new());
+        let hint = || {
+            Some(Hint {
+                ticket: 1,
+                owner: "o".into(),
+            })
+        };
         for i in 0..(MAX_HINTS + 10) {
-            Locker::remember(&hints, &format!("k{i}"), Some(1));
+            Locker::remember(&hints, &format!("k{i}"), hint());
         }
         assert!(hints.lock().unwrap().len() <= MAX_HINTS);
         Locker::remember(&hints, "k1", None);

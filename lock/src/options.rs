@@ -60,6 +60,13 @@ impl ClockSkew {
     }
 }
 
+/// In clock-free mode, rows are left to TTL and the sweeper only this long after their lease end
+/// by their writer's clock. A clock-free holder whose wall clock runs behind the true time by more
+/// than this could have its live row removed by TTL or the sweeper; up to this, nothing depends
+/// on its clock. (Dead rows ahead of a waiter are passed over after one lease regardless: this
+/// grace only keeps the last rows of an idle key a little longer.)
+pub const CLOCK_FREE_GRACE: Duration = Duration::from_secs(24 * 3600);
+
 /// Options of one acquisition. Start from [`LockOptions::default`] and change what you need.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockOptions {
@@ -122,6 +129,25 @@ impl LockOptions {
             Some(cap) => until.min(i64::try_from(cap.as_millis()).unwrap_or(i64::MAX)),
             None => until,
         }
+    }
+
+    /// Whether waiters judge rows without wall clocks ([`ClockSkew::Unbounded`]).
+    pub fn clock_free(&self) -> bool {
+        self.clock_skew == ClockSkew::Unbounded
+    }
+
+    /// The TTL (`expiresAt`, epoch seconds) for a row whose lease ends at `lease_until_ms`:
+    /// `lease end + ttl_grace`, and in clock-free mode at least [`CLOCK_FREE_GRACE`] (the row's
+    /// lease end comes from its writer's wall clock, which clock-free mode does not trust; TTL
+    /// compares it with the true time).
+    pub fn expires_at(&self, lease_until_ms: i64) -> i64 {
+        let grace = if self.clock_free() {
+            self.ttl_grace.max(CLOCK_FREE_GRACE)
+        } else {
+            self.ttl_grace
+        };
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        crate::schema::ttl_seconds(lease_until_ms.saturating_add(grace_ms))
     }
 
     /// Checks the options against each other.

@@ -83,6 +83,7 @@ mod tests {
             rvn: "r".into(),
             enqueued_at_ms: None,
             acquired_at_ms: None,
+            clock_free: false,
             holder: HolderInfo::default(),
         }
     }
@@ -90,7 +91,7 @@ mod tests {
     #[test]
     fn queue_entries_name_holder_waiters_and_stale_rows() {
         let snap = Snapshot {
-            last: 4,
+            counter: Some(4),
             rows: vec![row(1, 500), row(2, 5_000), row(3, 5_000), row(4, 1_900)],
         };
         let entries = QueueEntry::classify(snap, 2_000, Duration::from_millis(200));

@@ -25,6 +25,10 @@ pub const COUNTER_SK: &str = "counter";
 pub const QUEUE_PREFIX: &str = "q#";
 /// Counter attribute: the last ticket issued (N).
 pub const LAST: &str = "last";
+/// Counter attribute: the owner of the enqueue that last moved the counter (S). A client whose
+/// hint says "I released ticket T" conditions its next enqueue on `last = T` *and* on this being
+/// its own owner id, so a counter set back to T by hand cannot pass for an empty queue.
+pub const LAST_OWNER: &str = "lastOwner";
 /// Queue row: unique id of one acquisition (S). Conditions on ownership use it.
 pub const OWNER: &str = "owner";
 /// Queue row: the ticket (N), also the fencing token.
@@ -38,6 +42,10 @@ pub const LEASE_MS: &str = "leaseMs";
 pub const EXPIRES_AT: &str = "expiresAt";
 /// Queue row: record version number (S), changed by every heartbeat.
 pub const RVN: &str = "rvn";
+/// Queue row: present (`true`) when the row was written in clock-free mode; the sweeper then
+/// gives it [`crate::options::CLOCK_FREE_GRACE`] instead of its own grace, because its lease end
+/// comes from a wall clock that may be far off.
+pub const CLOCK_FREE: &str = "clockFree";
 /// Queue row (for people): function name of the holder.
 pub const FUNCTION: &str = "function";
 /// Queue row (for people): request id of the invocation holding or waiting.
@@ -126,6 +134,8 @@ pub struct QueueRow {
     pub enqueued_at_ms: Option<i64>,
     /// Grant time, epoch ms (writer's clock), once granted.
     pub acquired_at_ms: Option<i64>,
+    /// Written in clock-free mode (see [`CLOCK_FREE`]).
+    pub clock_free: bool,
     /// Details for people.
     pub holder: HolderInfo,
 }
@@ -142,8 +152,10 @@ pub struct NewRow<'a> {
     pub lease_until_ms: i64,
     /// Lease length, ms.
     pub lease_ms: i64,
-    /// Grace added to the lease end for `expiresAt`, ms.
-    pub grace_ms: i64,
+    /// TTL, epoch seconds (see [`crate::LockOptions::expires_at`]).
+    pub expires_at: i64,
+    /// Written in clock-free mode.
+    pub clock_free: bool,
     /// First record version.
     pub rvn: &'a str,
     /// Enqueue time, epoch ms.
@@ -164,10 +176,10 @@ impl NewRow<'_> {
         item.insert(TICKET.into(), n(self.ticket));
         item.insert(LEASE_UNTIL_MS.into(), n(self.lease_until_ms));
         item.insert(LEASE_MS.into(), n(self.lease_ms));
-        item.insert(
-            EXPIRES_AT.into(),
-            n(ttl_seconds(self.lease_until_ms + self.grace_ms)),
-        );
+        item.insert(EXPIRES_AT.into(), n(self.expires_at));
+        if self.clock_free {
+            item.insert(CLOCK_FREE.into(), AttributeValue::Bool(true));
+        }
         item.insert(RVN.into(), s(self.rvn));
         item.insert(ENQUEUED_AT_MS.into(), n(self.now_ms));
         if self.granted {
@@ -200,8 +212,9 @@ pub fn n(v: impl std::fmt::Display) -> AttributeValue {
 /// What a key's partition holds: the counter and the queue in ticket order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The counter's `last` (0 when the key has never been used).
-    pub last: u64,
+    /// The counter's `last`; `None` when there is no counter item (the key was never used, or
+    /// the counter was deleted by hand).
+    pub counter: Option<u64>,
     /// Queue rows, in ticket order.
     pub rows: Vec<QueueRow>,
 }
@@ -216,7 +229,7 @@ impl Snapshot {
         for item in items {
             let sk = get_s(key, item, SK)?;
             if sk == COUNTER_SK {
-                snap.last = get_u64(key, item, LAST)?;
+                snap.counter = Some(get_u64(key, item, LAST)?);
             } else if sk.starts_with(QUEUE_PREFIX) {
                 snap.rows.push(QueueRow::from_item(key, item)?);
             }
@@ -262,6 +275,7 @@ impl QueueRow {
             rvn: get_s(key, item, RVN)?.to_owned(),
             enqueued_at_ms: opt_i64(key, item, ENQUEUED_AT_MS)?,
             acquired_at_ms: opt_i64(key, item, ACQUIRED_AT_MS)?,
+            clock_free: matches!(item.get(CLOCK_FREE), Some(AttributeValue::Bool(true))),
             holder: HolderInfo {
                 function: opt_s(FUNCTION),
                 request_id: opt_s(REQUEST_ID),
@@ -341,7 +355,8 @@ mod tests {
             owner: "o1",
             lease_until_ms: 1_700_000_010_500,
             lease_ms: 10_000,
-            grace_ms: 3_600_000,
+            expires_at: ttl_seconds(1_700_000_010_500 + 3_600_000),
+            clock_free: false,
             rvn: "r1",
             now_ms: 1_700_000_000_500,
             granted: false,
@@ -421,7 +436,7 @@ mod tests {
         counter.insert(LAST.into(), n(12));
         let items = [row(12), counter, row(3)];
         let snap = Snapshot::from_items("k", &items).unwrap();
-        assert_eq!(snap.last, 12);
+        assert_eq!(snap.counter, Some(12));
         assert_eq!(
             snap.rows.iter().map(|r| r.ticket).collect::<Vec<_>>(),
             [3, 12]

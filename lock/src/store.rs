@@ -1,8 +1,8 @@
-//! The thin I/O shell: every DynamoDB request the lock makes, one function each.
+//! The DynamoDB implementation of the storage seam: one API call per [`Request`].
 //!
-//! Each function makes exactly one request (the SDK may retry it underneath: same request, same
-//! idempotency token) and returns either a protocol outcome — a conditional write that lost is
-//! an enum variant, not an error — or a [`Failure`] that says whether trying again can help.
+//! Each request is exactly one call (the SDK may retry it underneath: same request, same
+//! idempotency token) and comes back either as a protocol outcome — a conditional write that lost
+//! is an enum variant, not an error — or a [`Failure`] that says whether trying again can help.
 //! Retrying, budgets and decisions live in `locker.rs` and `heartbeat.rs`.
 //!
 //! Every read that decides ownership is a strongly consistent `Query` on the base table.
@@ -15,100 +15,52 @@ use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
+use futures::future::BoxFuture;
 
 use crate::error::{BoxError, Error};
-use crate::schema::{self, n, queue_sk, s, NewRow, Snapshot, COUNTER_SK, PK, SK};
+use crate::schema::{self, n, s, PK};
+use crate::storage::{
+    counter_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Renewal, Request,
+    Response, StaleDelete, Storage,
+};
 
-/// Why a request did not produce an outcome.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Worth retrying after a backoff: throttling, 5xx, timeouts, lost connections. A write that
-    /// failed this way may or may not have happened (an *ambiguous* write).
-    Retry {
-        /// The service said to slow down.
-        throttled: bool,
-        /// Operation name, for the final error.
-        operation: &'static str,
-        /// The error.
-        source: BoxError,
-    },
-    /// Retrying will not help; the user must act.
-    Fatal(Error),
-}
-
-impl Failure {
-    /// The error to report once the retry budget is spent.
-    pub(crate) fn into_error(self) -> Error {
-        match self {
-            Failure::Fatal(e) => e,
-            Failure::Retry {
-                throttled: true,
-                operation,
-                source,
-            } => Error::Throttled { operation, source },
-            Failure::Retry {
-                operation, source, ..
-            } => Error::Dynamo { operation, source },
-        }
-    }
-}
-
-/// Result of the atomic enqueue transaction.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Enqueue {
-    /// The counter moved from `expected` to `expected + 1` and our row was put, atomically.
-    Done,
-    /// The counter was not at `expected`; it is at `last` now. Nothing was written.
-    CounterAt(u64),
-    /// Our row with this ticket already exists: an earlier, ambiguous attempt committed.
-    AlreadyOurs,
-    /// Another transaction on the same items was in flight; try again after a backoff.
-    Conflict,
-}
-
-/// Result of a conditional delete of a stale row.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum StaleDelete {
-    /// We deleted it.
-    Deleted,
-    /// It was already gone.
-    Gone,
-    /// Its `rvn` changed: its owner is alive after all.
-    Revived,
-}
-
-/// Result of a conditional write on our own row.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Owned {
-    /// The row was ours and the write happened.
-    Yes,
-    /// The row is gone or belongs to someone else: the lock is lost.
-    No,
-}
-
-/// The table and the client: all DynamoDB calls of the lock.
+/// A lock table in DynamoDB, reached through `client`.
 #[derive(Clone, Debug)]
-pub(crate) struct Store {
+pub(crate) struct Dynamo {
     client: Client,
     table: Arc<str>,
-    /// Background releases (of dropped guards), so a process can wait for them before exiting.
-    background: tokio_util::task::TaskTracker,
 }
 
-impl Store {
-    pub(crate) fn new(client: Client, table: &str) -> Store {
-        Store {
+impl Storage for Dynamo {
+    fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
+        let this = self.clone();
+        Box::pin(async move {
+            match request {
+                Request::Query { key, start } => this.query(&key, start).await,
+                Request::Enqueue(r) => this.enqueue(&r).await.map(Response::Enqueue),
+                Request::DeleteStale { key, ticket, rvn } => this
+                    .delete_stale(&key, ticket, &rvn)
+                    .await
+                    .map(Response::StaleDelete),
+                Request::Heartbeat(beat) => this.heartbeat(&beat).await.map(Response::Renewal),
+                Request::DeleteOwned { key, ticket, owner } => this
+                    .delete_owned(&key, ticket, &owner)
+                    .await
+                    .map(Response::Owned),
+            }
+        })
+    }
+}
+
+impl Dynamo {
+    pub(crate) fn new(client: Client, table: &str) -> Dynamo {
+        Dynamo {
             client,
             table: table.into(),
-            background: tokio_util::task::TaskTracker::new(),
         }
-    }
-
-    pub(crate) fn background(&self) -> &tokio_util::task::TaskTracker {
-        &self.background
     }
 
     pub(crate) fn table(&self) -> &str {
@@ -119,73 +71,63 @@ impl Store {
         &self.client
     }
 
-    fn row_key(key: &str, ticket: u64) -> HashMap<String, AttributeValue> {
-        HashMap::from([(PK.into(), s(key)), (SK.into(), s(&queue_sk(ticket)))])
-    }
-
-    /// Reads a key's counter and queue: one strongly consistent `Query` (more pages only past
-    /// 1 MB, i.e. thousands of waiters).
-    pub(crate) async fn read(&self, key: &str) -> Result<Snapshot, Failure> {
-        let mut items = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&*self.table)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_values(":pk", s(key))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.classify("Query", e))?;
-            items.extend(out.items.unwrap_or_default());
-            match out.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => break,
-            }
-        }
-        Snapshot::from_items(key, &items).map_err(Failure::Fatal)
-    }
-
-    /// Takes ticket `expected + 1` and puts our row in one `TransactWriteItems`: the counter
-    /// update is conditioned on `last = expected`, the row put on the row not existing. This
-    /// closes the late-enqueue race: no row can appear with a ticket below one already issued.
-    /// `token` makes a retried transaction idempotent on the service side; [`Enqueue::AlreadyOurs`]
-    /// makes it idempotent on ours too, for servers that ignore the token.
-    pub(crate) async fn enqueue(
+    /// One page of a strongly consistent `Query` on the key's partition.
+    async fn query(
         &self,
-        row: &NewRow<'_>,
-        expected: u64,
-        token: &str,
-    ) -> Result<Enqueue, Failure> {
+        key: &str,
+        start: Option<crate::storage::Item>,
+    ) -> Result<Response, Failure> {
+        let out = self
+            .client
+            .query()
+            .table_name(&*self.table)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":pk", s(key))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| self.classify("Query", e))?;
+        Ok(Response::Page {
+            items: out.items.unwrap_or_default(),
+            next: out.last_evaluated_key.filter(|k| !k.is_empty()),
+        })
+    }
+
+    /// The enqueue transaction (see [`EnqueueRequest`]). `ClientRequestToken` makes a retried
+    /// transaction idempotent on the service side; [`Enqueue::AlreadyOurs`] makes it idempotent
+    /// on ours too, for servers that ignore the token.
+    async fn enqueue(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
+        let mut values = HashMap::from([
+            (":next".to_owned(), n(r.ticket)),
+            (":owner".to_owned(), s(&r.owner)),
+        ]);
+        let mut condition = match r.counter {
+            None => "attribute_not_exists(#last)".to_owned(),
+            Some(last) => {
+                values.insert(":expected".into(), n(last));
+                "#last = :expected".to_owned()
+            }
+        };
+        if let Some(o) = &r.counter_owner {
+            values.insert(":by".into(), s(o));
+            condition.push_str(" AND #by = :by");
+        }
         let counter = Update::builder()
             .table_name(&*self.table)
-            .key(PK, s(row.key))
-            .key(SK, s(COUNTER_SK))
-            .update_expression("SET #last = :next")
-            .condition_expression(if expected == 0 {
-                "attribute_not_exists(#last)"
-            } else {
-                "#last = :expected"
-            })
+            .set_key(Some(counter_key(&r.key)))
+            .update_expression("SET #last = :next, #by = :owner")
+            .condition_expression(condition)
             .expression_attribute_names("#last", schema::LAST)
-            .set_expression_attribute_values(Some(if expected == 0 {
-                HashMap::from([(":next".into(), n(row.ticket))])
-            } else {
-                HashMap::from([
-                    (":next".into(), n(row.ticket)),
-                    (":expected".into(), n(expected)),
-                ])
-            }))
+            .expression_attribute_names("#by", schema::LAST_OWNER)
+            .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| fatal_build("TransactWriteItems", e))?;
         let put = Put::builder()
             .table_name(&*self.table)
-            .set_item(Some(row.to_item()))
+            .set_item(Some(r.row.clone()))
             .condition_expression("attribute_not_exists(#pk)")
             .expression_attribute_names("#pk", PK)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -196,7 +138,7 @@ impl Store {
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().update(counter).build())
             .transact_items(TransactWriteItem::builder().put(put).build())
-            .client_request_token(token)
+            .client_request_token(&r.token)
             .send()
             .await;
         let err = match result {
@@ -209,40 +151,18 @@ impl Store {
             let reasons = c.cancellation_reasons();
             let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
             let item = |i: usize| reasons.get(i).and_then(|r| r.item());
-            if code(1) == "ConditionalCheckFailed" {
-                let mine = item(1)
-                    .and_then(|it| it.get(schema::OWNER))
-                    .is_some_and(|o| o.as_s().is_ok_and(|o| o == row.owner));
-                if mine {
-                    return Ok(Enqueue::AlreadyOurs);
-                }
+            let reasons: Vec<(&str, Option<&crate::storage::Item>)> =
+                (0..2).map(|i| (code(i), item(i))).collect();
+            if let Some(outcome) = enqueue_outcome(&r.key, &r.owner, &reasons)? {
+                return Ok(outcome);
             }
-            if code(0) == "ConditionalCheckFailed" {
-                let last = match item(0) {
-                    None => 0,
-                    Some(it) => {
-                        Snapshot::from_items(row.key, [it])
-                            .map_err(Failure::Fatal)?
-                            .last
-                    }
-                };
-                return Ok(Enqueue::CounterAt(last));
-            }
-            if reasons
-                .iter()
-                .any(|r| r.code() == Some("TransactionConflict"))
-            {
-                return Ok(Enqueue::Conflict);
-            }
-            let throttled = reasons.iter().any(|r| {
+            let throttled = c.cancellation_reasons().iter().any(|r| {
                 matches!(
                     r.code(),
                     Some("ThrottlingError" | "ProvisionedThroughputExceeded")
                 )
             });
-            if throttled || code(1) == "ConditionalCheckFailed" {
-                // A row at our ticket that is not ours while the counter was where we expected
-                // cannot happen in a healthy table; treat it as transient and re-read.
+            if throttled {
                 return Err(Failure::Retry {
                     throttled,
                     operation: "TransactWriteItems",
@@ -259,7 +179,7 @@ impl Store {
     }
 
     /// Deletes a row we judged stale, only if it still carries the `rvn` we judged.
-    pub(crate) async fn delete_stale(
+    async fn delete_stale(
         &self,
         key: &str,
         ticket: u64,
@@ -269,7 +189,7 @@ impl Store {
             .client
             .delete_item()
             .table_name(&*self.table)
-            .set_key(Some(Self::row_key(key, ticket)))
+            .set_key(Some(row_key(key, ticket)))
             .condition_expression("#rvn = :rvn")
             .expression_attribute_names("#rvn", schema::RVN)
             .expression_attribute_values(":rvn", s(rvn))
@@ -288,18 +208,14 @@ impl Store {
         }
     }
 
-    /// Renews our row's lease, conditioned on `owner` only (not on the previous `rvn`: after an
-    /// ambiguous heartbeat the retry must still succeed). An update of a deleted row fails its
-    /// condition, so a late heartbeat never brings a released or removed row back.
-    pub(crate) async fn heartbeat(&self, beat: &Beat<'_>) -> Result<Owned, Failure> {
+    /// Renews our row's lease (see [`Beat`] for the condition). An update of a deleted row fails
+    /// its condition, so a late heartbeat never brings a released or removed row back.
+    async fn heartbeat(&self, beat: &Beat) -> Result<Renewal, Failure> {
         let mut values = HashMap::from([
-            (":owner".to_owned(), s(beat.owner)),
+            (":owner".to_owned(), s(&beat.owner)),
             (":until".to_owned(), n(beat.lease_until_ms)),
-            (
-                ":exp".to_owned(),
-                n(schema::ttl_seconds(beat.lease_until_ms + beat.grace_ms)),
-            ),
-            (":rvn".to_owned(), s(beat.rvn)),
+            (":exp".to_owned(), n(beat.expires_at)),
+            (":rvn".to_owned(), s(&beat.rvn)),
         ]);
         let mut names = HashMap::from([
             ("#owner".to_owned(), schema::OWNER.to_owned()),
@@ -317,17 +233,21 @@ impl Store {
             .client
             .update_item()
             .table_name(&*self.table)
-            .set_key(Some(Self::row_key(beat.key, beat.ticket)))
+            .set_key(Some(row_key(&beat.key, beat.ticket)))
             .update_expression(update)
-            .condition_expression("#owner = :owner")
+            .condition_expression(HEARTBEAT_CONDITION)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
+            .return_values(ReturnValue::None)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match result {
-            Ok(_) => Ok(Owned::Yes),
+            Ok(_) => Ok(Renewal::Renewed),
             Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(Owned::No),
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(renewal_refused(c.item(), &beat.owner))
+                }
                 _ => Err(self.classify("UpdateItem", e)),
             },
         }
@@ -338,19 +258,14 @@ impl Store {
     /// The SDK's own retries are off for this request: the caller retries, and must know whether
     /// an earlier attempt may have deleted the row already (its response lost), or else it would
     /// report a lock it released itself as lost.
-    pub(crate) async fn delete_owned(
-        &self,
-        key: &str,
-        ticket: u64,
-        owner: &str,
-    ) -> Result<Owned, Failure> {
+    async fn delete_owned(&self, key: &str, ticket: u64, owner: &str) -> Result<Owned, Failure> {
         let no_sdk_retry = aws_sdk_dynamodb::config::Builder::default()
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
         let result = self
             .client
             .delete_item()
             .table_name(&*self.table)
-            .set_key(Some(Self::row_key(key, ticket)))
+            .set_key(Some(row_key(key, ticket)))
             .condition_expression("#owner = :owner")
             .expression_attribute_names("#owner", schema::OWNER)
             .expression_attribute_values(":owner", s(owner))
@@ -475,15 +390,55 @@ fn fatal_build(operation: &'static str, e: aws_sdk_dynamodb::error::BuildError) 
     })
 }
 
-/// One heartbeat's new values.
-#[derive(Debug)]
-pub(crate) struct Beat<'a> {
-    pub key: &'a str,
-    pub ticket: u64,
-    pub owner: &'a str,
-    pub lease_until_ms: i64,
-    pub grace_ms: i64,
-    pub rvn: &'a str,
-    /// Set `acquiredAtMs` if it is not set yet (the row has just been granted).
-    pub acquired_at_ms: Option<i64>,
+/// The heartbeat's condition: the row is ours, and its lease is not later than the one we write.
+pub(crate) const HEARTBEAT_CONDITION: &str = "#owner = :owner AND #until <= :until";
+
+/// What a refused heartbeat means, from the item the condition failed on.
+pub(crate) fn renewal_refused(item: Option<&crate::storage::Item>, owner: &str) -> Renewal {
+    let ours = item
+        .and_then(|it| it.get(schema::OWNER))
+        .is_some_and(|o| o.as_s().is_ok_and(|o| o == owner));
+    if ours {
+        Renewal::Superseded
+    } else {
+        Renewal::Gone
+    }
+}
+
+/// What a cancelled enqueue transaction means, from its two cancellation reasons (code and the
+/// item the condition failed on: the counter's, then the row's). `None`: none of the protocol's
+/// outcomes; the caller classifies the error.
+pub(crate) fn enqueue_outcome(
+    key: &str,
+    owner: &str,
+    reasons: &[(&str, Option<&crate::storage::Item>)],
+) -> Result<Option<Enqueue>, Failure> {
+    let code = |i: usize| reasons.get(i).map_or("None", |r| r.0);
+    let item = |i: usize| reasons.get(i).and_then(|r| r.1);
+    if code(1) == "ConditionalCheckFailed" {
+        let mine = item(1)
+            .and_then(|it| it.get(schema::OWNER))
+            .is_some_and(|o| o.as_s().is_ok_and(|o| o == owner));
+        if mine {
+            return Ok(Some(Enqueue::AlreadyOurs));
+        }
+    }
+    if code(0) == "ConditionalCheckFailed" {
+        let last = match item(0) {
+            None => None,
+            Some(it) => {
+                crate::schema::Snapshot::from_items(key, [it])
+                    .map_err(Failure::Fatal)?
+                    .counter
+            }
+        };
+        return Ok(Some(Enqueue::CounterAt(last)));
+    }
+    if code(1) == "ConditionalCheckFailed" {
+        return Ok(Some(Enqueue::TicketTaken));
+    }
+    if reasons.iter().any(|r| r.0 == "TransactionConflict") {
+        return Ok(Some(Enqueue::Conflict));
+    }
+    Ok(None)
 }

@@ -122,7 +122,7 @@ pub(crate) const MAX_ERROR_SAMPLES: usize = 5;
 /// The scan's filter: queue rows whose lease ended before the cutoff.
 pub const FILTER: &str = "begins_with(#sk, :q) AND #until < :cutoff";
 /// The scan's projection: exactly what [`QueueRow::from_item`] needs.
-pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn";
+pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
 /// The delete's condition: still the dead row that was read.
 pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
 /// The cutoff for a sweep at wall time `now_ms`: rows whose lease ended before it are dead.
@@ -134,8 +134,16 @@ pub fn cutoff_ms(now_ms: i64, grace: Duration) -> i64 {
 /// (`leaseUntilMs + grace < now`). The same comparison as the scan filter and the delete
 /// condition, made again on the decoded row so a wrong or ignored filter cannot delete a live
 /// row.
+///
+/// A row written in clock-free mode gets [`crate::options::CLOCK_FREE_GRACE`] more: its lease end
+/// comes from a wall clock nobody vouches for.
 pub fn is_dead(row: &QueueRow, cutoff_ms: i64) -> bool {
-    row.lease_until_ms < cutoff_ms
+    let cutoff = if row.clock_free {
+        cutoff_ms.saturating_sub(crate::heartbeat::millis(crate::options::CLOCK_FREE_GRACE))
+    } else {
+        cutoff_ms
+    };
+    row.lease_until_ms < cutoff
 }
 
 #[cfg(test)]
@@ -153,6 +161,7 @@ pub(crate) mod tests {
             rvn: "r".into(),
             enqueued_at_ms: None,
             acquired_at_ms: None,
+            clock_free: false,
             holder: HolderInfo::default(),
         }
     }

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::Client;
 
 use crate::error::Error;
 use crate::schema::{EXPIRES_AT, PK, SK};
-use crate::store::Store;
+use crate::store::Dynamo;
 
 /// What [`create_table`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub enum Created {
 /// active. An existing table is checked: a correct one is fine, a wrong one is an error that
 /// says what is wrong.
 pub async fn create_table(client: &Client, table: &str) -> Result<Created, Error> {
-    let store = Store::new(client.clone(), table);
+    let store = Dynamo::new(client.clone(), table);
     let attr = |name: &str| {
         AttributeDefinition::builder()
             .attribute_name(name)
@@ -60,7 +60,7 @@ pub async fn create_table(client: &Client, table: &str) -> Result<Created, Error
 
 /// Checks that `table` exists, has the flightlock key schema and TTL on `expiresAt`.
 pub async fn verify_table(client: &Client, table: &str) -> Result<(), Error> {
-    let store = Store::new(client.clone(), table);
+    let store = Dynamo::new(client.clone(), table);
     check_keys(&store).await?;
     let ttl = describe_ttl(&store).await?;
     match ttl {
@@ -91,7 +91,7 @@ fn build_err(e: aws_sdk_dynamodb::error::BuildError) -> Error {
     }
 }
 
-async fn wait_active(store: &Store) -> Result<(), Error> {
+async fn wait_active(store: &Dynamo) -> Result<(), Error> {
     for _ in 0..600 {
         let out = store
             .client()
@@ -115,7 +115,7 @@ async fn wait_active(store: &Store) -> Result<(), Error> {
     })
 }
 
-async fn check_keys(store: &Store) -> Result<(), Error> {
+async fn check_keys(store: &Dynamo) -> Result<(), Error> {
     let out = store
         .client()
         .describe_table()
@@ -172,7 +172,7 @@ async fn check_keys(store: &Store) -> Result<(), Error> {
     })
 }
 
-async fn describe_ttl(store: &Store) -> Result<(Option<TimeToLiveStatus>, Option<String>), Error> {
+async fn describe_ttl(store: &Dynamo) -> Result<(Option<TimeToLiveStatus>, Option<String>), Error> {
     let out = store
         .client()
         .describe_time_to_live()
@@ -187,7 +187,7 @@ async fn describe_ttl(store: &Store) -> Result<(Option<TimeToLiveStatus>, Option
     ))
 }
 
-async fn ensure_ttl(store: &Store) -> Result<(), Error> {
+async fn ensure_ttl(store: &Dynamo) -> Result<(), Error> {
     match describe_ttl(store).await? {
         (Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling), Some(a))
             if a == EXPIRES_AT =>

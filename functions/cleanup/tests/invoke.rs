@@ -36,7 +36,8 @@ async fn table_with_rows(name: &str) -> (aws_sdk_dynamodb::Client, String) {
             lease_until_ms: until,
             lease_ms: 20_000,
             // expiresAt 30 days ahead: DynamoDB Local runs TTL, which must not race the test.
-            grace_ms: 30 * 86_400_000,
+            expires_at: flightlock::schema::ttl_seconds(until + 30 * 86_400_000),
+            clock_free: false,
             rvn: "r",
             now_ms: until - 20_000,
             granted: true,

@@ -96,7 +96,8 @@ async fn the_function_sweeps_under_the_runtime_emulator() {
         lease_until_ms: now - 3_600_000,
         lease_ms: 20_000,
         // expiresAt 30 days ahead: DynamoDB Local runs TTL, which must not race the test.
-        grace_ms: 30 * 86_400_000,
+        expires_at: flightlock::schema::ttl_seconds(now - 3_600_000 + 30 * 86_400_000),
+        clock_free: false,
         rvn: "r",
         now_ms: now - 3_620_000,
         granted: true,

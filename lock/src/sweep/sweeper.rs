@@ -18,12 +18,13 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::liveness::backoff;
 use crate::schema::{self, n, queue_sk, s, QueueRow, PK, QUEUE_PREFIX, SK};
-use crate::store::{Failure, Store};
+use crate::storage::Failure;
+use crate::store::Dynamo;
 
 /// Scans the lock table and removes dead queue rows. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Sweeper {
-    store: Store,
+    store: Dynamo,
     clock: Arc<dyn Clock>,
 }
 
@@ -37,7 +38,7 @@ impl Sweeper {
     /// A sweeper for `table`, using the system clock.
     pub fn new(client: Client, table: impl AsRef<str>) -> Sweeper {
         Sweeper {
-            store: Store::new(client, table.as_ref()),
+            store: Dynamo::new(client, table.as_ref()),
             clock: Arc::new(SystemClock),
         }
     }
@@ -372,6 +373,7 @@ fn scan_names() -> HashMap<String, String> {
         ("#until", schema::LEASE_UNTIL_MS),
         ("#leaseMs", schema::LEASE_MS),
         ("#exp", schema::EXPIRES_AT),
+        ("#clockFree", schema::CLOCK_FREE),
         ("#rvn", schema::RVN),
     ]
     .into_iter()

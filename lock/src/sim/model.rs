@@ -1,0 +1,461 @@
+//! An in-memory model of one DynamoDB table, with exactly the semantics the lock relies on.
+//!
+//! - Items keyed by (`pk`, `sk`), a `Query` returns a partition in sort-key order, page by page
+//!   (`page_size` items a page, `LastEvaluatedKey` while more remain). Reads are strongly
+//!   consistent: every applied write is visible to the next read.
+//! - Each request's condition is evaluated and its writes applied at one instant (the server's),
+//!   `TransactWriteItems` all-or-nothing, with one cancellation reason per item and the item
+//!   returned for failed conditions (`ReturnValuesOnConditionCheckFailure = ALL_OLD`).
+//! - `ClientRequestToken`: a transaction that succeeded is remembered for 10 minutes; the same
+//!   token with the same request succeeds again without writing, with a different request it is
+//!   `IdempotentParameterMismatchException`.
+//! - TTL: an item whose `expiresAt` (epoch seconds) is before the server's time *may* be deleted,
+//!   at any later moment ([`Table::reap`]); until then reads still return it.
+//!
+//! The cancellation reasons are interpreted by the same function as DynamoDB's
+//! ([`crate::store::enqueue_outcome`]), so the model and the real shell can only differ in what
+//! the server does, which is what the differential test compares.
+//!
+//! The model also records every removal of a queue row by a waiter, the sweeper or TTL
+//! ([`Table::removals`]), for the simulation's checker: nobody may remove a row while its owner
+//! may still be alive.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::schema::{self, COUNTER_SK, PK, SK};
+use crate::storage::{
+    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, StaleDelete,
+};
+use crate::store::{enqueue_outcome, renewal_refused};
+
+/// How long DynamoDB remembers a `ClientRequestToken`.
+pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
+
+/// Deliberate defects, to show that the simulation catches a broken protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mutation {
+    /// The old two-write enqueue: take a ticket from the counter, then put the row in a second
+    /// write (applied later, by the network model). Opens the late-enqueue race.
+    TwoWriteEnqueue,
+    /// Stale rows are deleted without the `rvn` condition: a heartbeat that lands between the
+    /// judgement and the delete no longer saves the row.
+    UnconditionalStaleDelete,
+    /// Heartbeats are conditioned on `owner` only (defect 4): a delayed older heartbeat rolls a
+    /// newer lease back.
+    HeartbeatRollback,
+}
+
+/// Who removed a queue row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Remover {
+    /// A waiter passing a stale row over.
+    Waiter,
+    /// The sweeper.
+    Sweeper,
+    /// DynamoDB's TTL.
+    Ttl,
+}
+
+/// A queue row removed by a waiter, the sweeper or TTL. The checker compares the moment with
+/// when the removed version (`rvn`) was sent: before one lease has passed since, its owner may
+/// still be alive and believe in it.
+#[derive(Debug, Clone)]
+pub(crate) struct Removal {
+    pub key: String,
+    pub ticket: u64,
+    pub rvn: String,
+    pub by: Remover,
+    pub at: Instant,
+    /// Its lease.
+    pub lease: Duration,
+}
+
+/// Counts of protocol outcomes, to show which paths a run went through.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Outcomes {
+    pub stale_deleted: u64,
+    pub stale_gone: u64,
+    pub stale_revived: u64,
+    pub heartbeat_superseded: u64,
+    pub ticket_taken: u64,
+    pub token_replays: u64,
+    pub ttl_deleted: u64,
+    pub swept: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Stored {
+    item: Item,
+}
+
+/// The table.
+#[derive(Debug)]
+pub(crate) struct Table {
+    items: BTreeMap<(String, String), Stored>,
+    tokens: HashMap<String, (EnqueueRequest, Instant)>,
+    /// Items per `Query` page.
+    pub page_size: usize,
+    /// Server wall time at `Instant` `origin`, epoch ms.
+    pub epoch_ms: i64,
+    origin: Instant,
+    pub mutation: Option<Mutation>,
+    pub removals: Vec<Removal>,
+    pub outcomes: Outcomes,
+    /// Keys whose partition became empty (no counter, no row): nothing remembers their tokens,
+    /// which may start again from 1. Cleared by the checker.
+    pub wiped: std::collections::BTreeSet<String>,
+}
+
+fn num(item: &Item, name: &str) -> Option<i64> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v.parse().ok(),
+        _ => None,
+    }
+}
+
+fn string<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Some(v),
+        _ => None,
+    }
+}
+
+fn pk_sk(item: &Item) -> Option<(String, String)> {
+    Some((string(item, PK)?.to_owned(), string(item, SK)?.to_owned()))
+}
+
+fn conditional_failed(operation: &'static str) -> Failure {
+    // Only reached for request kinds whose conditions are all mapped to outcomes; kept as an
+    // error so a gap in the model shows up as a failing run, not a silent pass.
+    Failure::Fatal(Error::Dynamo {
+        operation,
+        source: "model: unexpected condition failure".into(),
+    })
+}
+
+impl Table {
+    /// An empty table whose server clock reads `epoch_ms` at `origin`.
+    pub(crate) fn new(origin: Instant, epoch_ms: i64) -> Table {
+        Table {
+            items: BTreeMap::new(),
+            tokens: HashMap::new(),
+            page_size: usize::MAX,
+            epoch_ms,
+            origin,
+            mutation: None,
+            removals: Vec::new(),
+            outcomes: Outcomes::default(),
+            wiped: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// The server's wall clock (the true time), epoch ms.
+    pub(crate) fn server_ms(&self, now: Instant) -> i64 {
+        self.epoch_ms + crate::heartbeat::millis(now.saturating_duration_since(self.origin))
+    }
+
+    /// Every item of a partition, in sort-key order.
+    pub(crate) fn partition(&self, key: &str) -> Vec<Item> {
+        self.items
+            .range((key.to_owned(), String::new())..)
+            .take_while(|((pk, _), _)| pk == key)
+            .map(|(_, s)| s.item.clone())
+            .collect()
+    }
+
+    /// All partition keys that hold items.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.items.keys().map(|(pk, _)| pk.clone()).collect();
+        keys.dedup();
+        keys
+    }
+
+    fn get(&self, key: &str, sk: &str) -> Option<&Item> {
+        self.items
+            .get(&(key.to_owned(), sk.to_owned()))
+            .map(|s| &s.item)
+    }
+
+    fn put(&mut self, item: Item, _now: Instant) {
+        if let Some(k) = pk_sk(&item) {
+            self.items.insert(k, Stored { item });
+        }
+    }
+
+    /// Removes an item; a queue row removed less than its lease after its last write is recorded.
+    fn remove(&mut self, key: &str, sk: &str, now: Instant, by: Option<Remover>) -> Option<Item> {
+        let stored = self.items.remove(&(key.to_owned(), sk.to_owned()))?;
+        if self.partition(key).is_empty() {
+            self.wiped.insert(key.to_owned());
+        }
+        if let (Some(by), Some(ticket), Some(lease), Some(rvn)) = (
+            by,
+            num(&stored.item, schema::TICKET),
+            num(&stored.item, schema::LEASE_MS),
+            string(&stored.item, schema::RVN),
+        ) {
+            self.removals.push(Removal {
+                key: key.to_owned(),
+                ticket: u64::try_from(ticket).unwrap_or(0),
+                rvn: rvn.to_owned(),
+                by,
+                at: now,
+                lease: Duration::from_millis(u64::try_from(lease).unwrap_or(0)),
+            });
+        }
+        Some(stored.item)
+    }
+
+    /// Applies one request at server instant `now`.
+    pub(crate) fn apply(&mut self, request: &Request, now: Instant) -> Result<Response, Failure> {
+        match request {
+            Request::Query { key, start } => Ok(self.query(key, start.as_ref())),
+            Request::Enqueue(r) => self.enqueue(r, now),
+            Request::DeleteStale { key, ticket, rvn } => {
+                let sk = schema::queue_sk(*ticket);
+                let outcome = match self.get(key, &sk) {
+                    None => StaleDelete::Gone,
+                    Some(item)
+                        if string(item, schema::RVN) == Some(rvn.as_str())
+                            || self.mutation == Some(Mutation::UnconditionalStaleDelete) =>
+                    {
+                        self.remove(key, &sk, now, Some(Remover::Waiter));
+                        StaleDelete::Deleted
+                    }
+                    Some(_) => StaleDelete::Revived,
+                };
+                match outcome {
+                    StaleDelete::Deleted => self.outcomes.stale_deleted += 1,
+                    StaleDelete::Gone => self.outcomes.stale_gone += 1,
+                    StaleDelete::Revived => self.outcomes.stale_revived += 1,
+                }
+                Ok(Response::StaleDelete(outcome))
+            }
+            Request::Heartbeat(beat) => {
+                let sk = schema::queue_sk(beat.ticket);
+                let current = self.get(&beat.key, &sk);
+                let owner_ok = current
+                    .and_then(|i| string(i, schema::OWNER))
+                    .is_some_and(|o| o == beat.owner);
+                let lease_ok = self.mutation == Some(Mutation::HeartbeatRollback)
+                    || current
+                        .and_then(|i| num(i, schema::LEASE_UNTIL_MS))
+                        .is_some_and(|u| u <= beat.lease_until_ms);
+                let Some(mut item) = current.cloned() else {
+                    return Ok(Response::Renewal(Renewal::Gone));
+                };
+                if !(owner_ok && lease_ok) {
+                    let r = renewal_refused(Some(&item), &beat.owner);
+                    if r == Renewal::Superseded {
+                        self.outcomes.heartbeat_superseded += 1;
+                    }
+                    return Ok(Response::Renewal(r));
+                }
+                let n = |v: i64| AttributeValue::N(v.to_string());
+                item.insert(schema::LEASE_UNTIL_MS.into(), n(beat.lease_until_ms));
+                item.insert(schema::EXPIRES_AT.into(), n(beat.expires_at));
+                item.insert(schema::RVN.into(), AttributeValue::S(beat.rvn.clone()));
+                if let Some(at) = beat.acquired_at_ms {
+                    item.entry(schema::ACQUIRED_AT_MS.into()).or_insert(n(at));
+                }
+                self.put(item, now);
+                Ok(Response::Renewal(Renewal::Renewed))
+            }
+            Request::DeleteOwned { key, ticket, owner } => {
+                let sk = schema::queue_sk(*ticket);
+                let ours = self
+                    .get(key, &sk)
+                    .and_then(|i| string(i, schema::OWNER))
+                    .is_some_and(|o| o == owner);
+                if ours {
+                    self.remove(key, &sk, now, None);
+                    Ok(Response::Owned(Owned::Yes))
+                } else {
+                    Ok(Response::Owned(Owned::No))
+                }
+            }
+        }
+    }
+
+    fn query(&self, key: &str, start: Option<&Item>) -> Response {
+        let after = start.and_then(|s| string(s, SK)).map(str::to_owned);
+        let mut rest = self
+            .items
+            .range((key.to_owned(), after.clone().unwrap_or_default())..)
+            .take_while(|((pk, _), _)| pk == key)
+            .filter(|((_, sk), _)| after.as_ref().is_none_or(|a| sk > a))
+            .map(|(_, s)| s.item.clone());
+        let items: Vec<Item> = rest.by_ref().take(self.page_size).collect();
+        let next = match (rest.next(), items.last()) {
+            (Some(_), Some(last)) => pk_sk(last).map(|(pk, sk)| {
+                HashMap::from([
+                    (PK.to_owned(), AttributeValue::S(pk)),
+                    (SK.to_owned(), AttributeValue::S(sk)),
+                ])
+            }),
+            _ => None,
+        };
+        Response::Page { items, next }
+    }
+
+    /// The counter half of the enqueue transaction: its condition, and the cancellation reason.
+    fn counter_check(&self, r: &EnqueueRequest) -> (bool, Option<Item>) {
+        let counter = self.get(&r.key, COUNTER_SK).cloned();
+        let last = counter.as_ref().and_then(|c| num(c, schema::LAST));
+        let ok = match r.counter {
+            None => last.is_none(),
+            Some(expected) => last == i64::try_from(expected).ok(),
+        } && r.counter_owner.as_ref().is_none_or(|o| {
+            counter.as_ref().and_then(|c| string(c, schema::LAST_OWNER)) == Some(o.as_str())
+        });
+        (ok, counter)
+    }
+
+    fn set_counter(&mut self, key: &str, ticket: u64, owner: Option<&str>, now: Instant) {
+        let mut counter = self
+            .get(key, COUNTER_SK)
+            .cloned()
+            .unwrap_or_else(|| crate::storage::counter_key(key));
+        counter.insert(schema::LAST.into(), AttributeValue::N(ticket.to_string()));
+        if let Some(o) = owner {
+            counter.insert(schema::LAST_OWNER.into(), AttributeValue::S(o.to_owned()));
+        }
+        self.put(counter, now);
+    }
+
+    fn enqueue(&mut self, r: &EnqueueRequest, now: Instant) -> Result<Response, Failure> {
+        self.tokens
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < TOKEN_WINDOW);
+        if let Some((seen, _)) = self.tokens.get(&r.token) {
+            if seen == r {
+                self.outcomes.token_replays += 1;
+                return Ok(Response::Enqueue(crate::storage::Enqueue::Done));
+            }
+            return Err(Failure::Fatal(Error::Dynamo {
+                operation: "TransactWriteItems",
+                source: "IdempotentParameterMismatchException: the request differs from the \
+                         earlier one with the same client token"
+                    .into(),
+            }));
+        }
+        let (counter_ok, counter) = self.counter_check(r);
+        let sk = schema::queue_sk(r.ticket);
+        let existing = self.get(&r.key, &sk).cloned();
+        if counter_ok && existing.is_none() {
+            self.set_counter(&r.key, r.ticket, Some(&r.owner), now);
+            self.put(r.row.clone(), now);
+            self.tokens.insert(r.token.clone(), (r.clone(), now));
+            return Ok(Response::Enqueue(crate::storage::Enqueue::Done));
+        }
+        let reason = |ok: bool, item: Option<Item>| {
+            if ok {
+                ("None", None)
+            } else {
+                ("ConditionalCheckFailed", item)
+            }
+        };
+        let reasons = [
+            reason(counter_ok, counter),
+            reason(existing.is_none(), existing),
+        ];
+        let borrowed: Vec<(&str, Option<&Item>)> =
+            reasons.iter().map(|(c, i)| (*c, i.as_ref())).collect();
+        match enqueue_outcome(&r.key, &r.owner, &borrowed)? {
+            Some(o) => {
+                if o == crate::storage::Enqueue::TicketTaken {
+                    self.outcomes.ticket_taken += 1;
+                }
+                Ok(Response::Enqueue(o))
+            }
+            None => Err(conditional_failed("TransactWriteItems")),
+        }
+    }
+
+    /// First half of [`Mutation::TwoWriteEnqueue`]: only the counter update. `true` if it passed.
+    pub(crate) fn take_ticket(
+        &mut self,
+        r: &EnqueueRequest,
+        now: Instant,
+    ) -> Result<Response, bool> {
+        let (ok, counter) = self.counter_check(r);
+        if !ok {
+            let last = counter.as_ref().and_then(|c| num(c, schema::LAST));
+            return Ok(Response::Enqueue(crate::storage::Enqueue::CounterAt(
+                last.and_then(|l| u64::try_from(l).ok()),
+            )));
+        }
+        self.set_counter(&r.key, r.ticket, Some(&r.owner), now);
+        Err(true)
+    }
+
+    /// Second half of [`Mutation::TwoWriteEnqueue`]: the row put, if its ticket is free.
+    pub(crate) fn put_row(&mut self, r: &EnqueueRequest, now: Instant) {
+        let sk = schema::queue_sk(r.ticket);
+        if self.get(&r.key, &sk).is_none() {
+            self.put(r.row.clone(), now);
+        }
+    }
+
+    /// TTL: deletes each expired item with probability `chance` (`roll` gives numbers in
+    /// `[0, 1)`). DynamoDB deletes expired items at some later time, not at once.
+    pub(crate) fn reap(&mut self, now: Instant, chance: f64, roll: &mut dyn FnMut() -> f64) {
+        let server_s = self.server_ms(now) / 1000;
+        let expired: Vec<(String, String)> = self
+            .items
+            .iter()
+            .filter(|(_, s)| num(&s.item, schema::EXPIRES_AT).is_some_and(|e| e < server_s))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (pk, sk) in expired {
+            if roll() < chance {
+                self.remove(&pk, &sk, now, Some(Remover::Ttl));
+                self.outcomes.ttl_deleted += 1;
+            }
+        }
+    }
+
+    /// The sweeper's conditional delete (`DELETE_CONDITION` of `sweep.rs`): still the row that
+    /// was read (same owner and rvn), lease still before the cutoff.
+    pub(crate) fn sweep_delete(
+        &mut self,
+        key: &str,
+        ticket: u64,
+        owner: &str,
+        rvn: &str,
+        cutoff_ms: i64,
+        now: Instant,
+    ) -> bool {
+        let sk = schema::queue_sk(ticket);
+        let matches = self.get(key, &sk).is_some_and(|i| {
+            string(i, schema::OWNER) == Some(owner)
+                && string(i, schema::RVN) == Some(rvn)
+                && num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff_ms)
+        });
+        if matches {
+            self.remove(key, &sk, now, Some(Remover::Sweeper));
+            self.outcomes.swept += 1;
+        }
+        matches
+    }
+
+    /// An operator deletes an item by hand (no condition, never an early removal of ours).
+    pub(crate) fn operator_delete(&mut self, key: &str, sk: &str, now: Instant) -> Option<Item> {
+        self.remove(key, sk, now, None)
+    }
+
+    /// An operator sets a key's counter by hand.
+    pub(crate) fn operator_set_counter(&mut self, key: &str, last: u64, now: Instant) {
+        self.set_counter(key, last, None, now);
+    }
+
+    /// Applies a raw item (tests).
+    #[cfg(test)]
+    pub(crate) fn insert(&mut self, item: Item, now: Instant) {
+        self.put(item, now);
+    }
+}

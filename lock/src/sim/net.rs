@@ -1,0 +1,364 @@
+//! The simulated network between participants and the model table, and the participants'
+//! clocks. Every choice comes from the run's seeded generator.
+//!
+//! A request is *delivered* by a task of its own: it travels (a delay), is applied to the table
+//! at the instant it arrives, and may arrive twice (a duplicate, as an SDK retry of a request that
+//! did land). The caller waits for the answer for at most one attempt timeout; a request that has
+//! not answered by then is a timeout for the caller but still lands whenever it arrives — the
+//! "late heartbeat" and the "enqueue still in flight" of the real world. An answer can be lost
+//! after the write (the caller sees a connection error, the write happened), a request can be
+//! refused before it is applied (throttling, 5xx), and a transaction can meet a conflict.
+//!
+//! A crashed participant's endpoint swallows every later request: they never arrive and never
+//! answer. Requests already on the wire still land.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::model::{Mutation, Table};
+use super::Trace;
+use crate::clock::Clock;
+use crate::storage::{Enqueue, Failure, Request, Response, Storage};
+
+/// How faulty the network is at the moment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Faults {
+    /// Probability that a request is refused before it is applied (half throttling, half 5xx).
+    pub refuse: f64,
+    /// Probability that the answer is lost after the write.
+    pub lose_answer: f64,
+    /// Probability that a request lands twice.
+    pub duplicate: f64,
+    /// Probability that an enqueue meets a transaction conflict.
+    pub conflict: f64,
+    /// Probability that a request is slow: up to twice the attempt timeout.
+    pub slow: f64,
+    /// Ordinary one-way delay, uniform up to this.
+    pub delay: Duration,
+}
+
+impl Faults {
+    /// A healthy network: small delays only.
+    pub(crate) const CALM: Faults = Faults {
+        refuse: 0.0,
+        lose_answer: 0.0,
+        duplicate: 0.0,
+        conflict: 0.0,
+        slow: 0.0,
+        delay: Duration::from_millis(3),
+    };
+}
+
+/// Everything the participants share: the table, the generator, the fault settings, the trace.
+pub(crate) struct Net {
+    pub table: Mutex<Table>,
+    pub rng: Mutex<StdRng>,
+    pub faults: Mutex<Faults>,
+    pub attempt_timeout: Duration,
+    pub trace: Trace,
+    pub mutation: Option<Mutation>,
+    /// When each record version was first sent (its writer's lease counts from about then).
+    pub sent: Mutex<std::collections::HashMap<String, Instant>>,
+}
+
+impl fmt::Debug for Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Net")
+    }
+}
+
+impl Net {
+    /// A number in `[0, 1)` from the run's generator.
+    pub(crate) fn roll(&self) -> f64 {
+        self.rng.lock().map_or(0.5, |mut r| r.random::<f64>())
+    }
+
+    fn delay(&self, faults: &Faults) -> Duration {
+        let slow = self.roll() < faults.slow;
+        let r = self.roll();
+        if slow {
+            self.attempt_timeout.mul_f64(2.0 * r)
+        } else {
+            faults.delay.mul_f64(r)
+        }
+    }
+
+    /// Applies a request at the current instant.
+    fn apply(&self, who: &str, request: &Request) -> Result<Response, Failure> {
+        let now = Instant::now();
+        let result = match self.table.lock() {
+            Ok(mut t) => t.apply(request, now),
+            Err(_) => Err(Failure::Fatal(crate::Error::Dynamo {
+                operation: "model",
+                source: "the model's lock is poisoned".into(),
+            })),
+        };
+        self.trace.line(format!(
+            "{who} applied {} -> {}",
+            describe(request),
+            match &result {
+                Ok(r) => describe_response(r),
+                Err(f) => format!("error {}", f.describe()),
+            }
+        ));
+        result
+    }
+}
+
+/// One participant's connection to the table.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub net: Arc<Net>,
+    pub who: Arc<str>,
+    pub dead: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Endpoint({})", self.who)
+    }
+}
+
+fn retry(operation: &'static str, what: &str, throttled: bool) -> Failure {
+    Failure::Retry {
+        throttled,
+        operation,
+        source: what.to_owned().into(),
+    }
+}
+
+impl Storage for Endpoint {
+    fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
+        let ep = self.clone();
+        Box::pin(async move {
+            if ep.dead.load(Ordering::SeqCst) {
+                return std::future::pending().await;
+            }
+            let net = ep.net.clone();
+            let rvn = match &request {
+                Request::Enqueue(e) => match e.row.get(crate::schema::RVN) {
+                    Some(aws_sdk_dynamodb::types::AttributeValue::S(r)) => Some(r.clone()),
+                    _ => None,
+                },
+                Request::Heartbeat(b) => Some(b.rvn.clone()),
+                _ => None,
+            };
+            if let (Some(rvn), Ok(mut sent)) = (rvn, net.sent.lock()) {
+                sent.entry(rvn).or_insert_with(Instant::now);
+            }
+            let faults = net.faults.lock().map_or(Faults::CALM, |f| *f);
+            let operation = request.operation();
+            let go = net.delay(&faults);
+            let back = net.delay(&faults);
+            if net.roll() < faults.refuse {
+                tokio::time::sleep(go).await;
+                let throttled = net.roll() < 0.5;
+                net.trace.line(format!(
+                    "{} refused {} ({})",
+                    ep.who,
+                    describe(&request),
+                    if throttled { "throttled" } else { "500" }
+                ));
+                return Err(retry(operation, "refused by the network model", throttled));
+            }
+            if matches!(request, Request::Enqueue(_)) && net.roll() < faults.conflict {
+                tokio::time::sleep(go).await;
+                net.trace
+                    .line(format!("{} conflict on {}", ep.who, describe(&request)));
+                return Ok(Response::Enqueue(Enqueue::Conflict));
+            }
+            let lose = net.roll() < faults.lose_answer;
+            let duplicate = net.roll() < faults.duplicate;
+            let again = net.delay(&faults) + faults.delay;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let two_writes = net.mutation == Some(Mutation::TwoWriteEnqueue)
+                && matches!(request, Request::Enqueue(_));
+            let between = net.delay(&faults) + Duration::from_millis(1);
+            let who = ep.who.clone();
+            // Delivery: independent of the caller, who may stop waiting.
+            tokio::spawn(async move {
+                tokio::time::sleep(go).await;
+                let result = if two_writes {
+                    deliver_in_two_writes(&net, &who, &request, between).await
+                } else {
+                    net.apply(&who, &request)
+                };
+                let _ = tx.send(result);
+                if duplicate {
+                    tokio::time::sleep(again).await;
+                    net.trace
+                        .line(format!("{who} duplicate of {}", describe(&request)));
+                    drop(net.apply(&who, &request));
+                }
+            });
+            let timeout = ep.net.attempt_timeout;
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(result)) => {
+                    tokio::time::sleep(back).await;
+                    if lose {
+                        ep.net.trace.line(format!("{} lost the answer", ep.who));
+                        return Err(retry(operation, "answer lost by the network model", false));
+                    }
+                    result
+                }
+                Ok(Err(_)) => Err(retry(operation, "delivery task ended", false)),
+                Err(_) => {
+                    ep.net.trace.line(format!("{} timed out", ep.who));
+                    Err(retry(operation, "attempt timeout", false))
+                }
+            }
+        })
+    }
+}
+
+/// The old, broken enqueue: the counter first, the row a moment later.
+async fn deliver_in_two_writes(
+    net: &Net,
+    who: &str,
+    request: &Request,
+    between: Duration,
+) -> Result<Response, Failure> {
+    let Request::Enqueue(r) = request else {
+        return net.apply(who, request);
+    };
+    let first = match net.table.lock() {
+        Ok(mut t) => t.take_ticket(r, Instant::now()),
+        Err(_) => Err(false),
+    };
+    match first {
+        Ok(answer) => Ok(answer),
+        Err(_) => {
+            tokio::time::sleep(between).await;
+            if let Ok(mut t) = net.table.lock() {
+                t.put_row(r, Instant::now());
+            }
+            net.trace
+                .line(format!("{who} two-write enqueue of ticket {}", r.ticket));
+            Ok(Response::Enqueue(Enqueue::Done))
+        }
+    }
+}
+
+/// A short description of a request, for traces.
+pub(crate) fn describe(r: &Request) -> String {
+    match r {
+        Request::Query { key, start } => {
+            format!(
+                "Query({key}{})",
+                if start.is_some() { ", next page" } else { "" }
+            )
+        }
+        Request::Enqueue(e) => format!(
+            "Enqueue({} t{} counter {:?} owner {})",
+            e.key,
+            e.ticket,
+            e.counter,
+            &e.owner[..6.min(e.owner.len())]
+        ),
+        Request::DeleteStale { key, ticket, rvn } => {
+            format!(
+                "DeleteStale({key} t{ticket} rvn {})",
+                &rvn[..6.min(rvn.len())]
+            )
+        }
+        Request::Heartbeat(b) => format!(
+            "Heartbeat({} t{} until {} rvn {})",
+            b.key,
+            b.ticket,
+            b.lease_until_ms,
+            &b.rvn[..6.min(b.rvn.len())]
+        ),
+        Request::DeleteOwned { key, ticket, .. } => format!("DeleteOwned({key} t{ticket})"),
+    }
+}
+
+fn describe_response(r: &Response) -> String {
+    match r {
+        Response::Page { items, next } => format!(
+            "{} items{}",
+            items.len(),
+            if next.is_some() { ", more" } else { "" }
+        ),
+        Response::Enqueue(e) => format!("{e:?}"),
+        Response::StaleDelete(o) => format!("{o:?}"),
+        Response::Renewal(o) => format!("{o:?}"),
+        Response::Owned(o) => format!("{o:?}"),
+    }
+}
+
+impl Failure {
+    /// A one-line description (traces and the differential test).
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Failure::Retry {
+                throttled, source, ..
+            } => format!("retry(throttled={throttled}): {source}"),
+            Failure::Fatal(e) => format!("fatal: {e}"),
+        }
+    }
+}
+
+/// A participant's clock: true time shifted by an offset that may drift and jump, and a
+/// generator of its own (so one participant's randomness does not shift another's).
+pub(crate) struct SimClock {
+    /// True wall time at the simulation's origin, epoch ms.
+    pub epoch_ms: i64,
+    pub origin: Instant,
+    /// Current offset from the true time, ms.
+    pub offset_ms: Mutex<i64>,
+    /// Drift in parts per million (positive: runs fast).
+    pub drift_ppm: i64,
+    pub rng: Mutex<StdRng>,
+}
+
+impl fmt::Debug for SimClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SimClock(offset {:?})", self.offset_ms.lock().ok())
+    }
+}
+
+impl SimClock {
+    pub(crate) fn new(
+        epoch_ms: i64,
+        origin: Instant,
+        offset_ms: i64,
+        drift_ppm: i64,
+        seed: u64,
+    ) -> SimClock {
+        SimClock {
+            epoch_ms,
+            origin,
+            offset_ms: Mutex::new(offset_ms),
+            drift_ppm,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        }
+    }
+
+    /// Steps the wall clock by `ms` (an NTP step, a VM resumed, an operator).
+    pub(crate) fn jump(&self, ms: i64) {
+        if let Ok(mut o) = self.offset_ms.lock() {
+            *o += ms;
+        }
+    }
+}
+
+impl Clock for SimClock {
+    fn wall_ms(&self) -> i64 {
+        let elapsed =
+            crate::heartbeat::millis(Instant::now().saturating_duration_since(self.origin));
+        let drift = elapsed.saturating_mul(self.drift_ppm) / 1_000_000;
+        let offset = self.offset_ms.lock().map_or(0, |o| *o);
+        self.epoch_ms + elapsed + drift + offset
+    }
+
+    fn random(&self) -> u64 {
+        self.rng.lock().map_or(0, |mut r| r.random())
+    }
+}

@@ -1,0 +1,303 @@
+//! The simulation's tests: many seeds against every guarantee, determinism, and proof that the
+//! checks fail on a deliberately broken protocol.
+//!
+//! `FLIGHTLOCK_SIM_SEEDS` sets how many schedules the main test explores (default 300: a couple of
+//! minutes on a small machine) and `FLIGHTLOCK_SIM_FIRST_SEED` where it starts (default 0), so a
+//! long run is `FLIGHTLOCK_SIM_SEEDS=20000 FLIGHTLOCK_SIM_FIRST_SEED=1000000 cargo test --release
+//! -p flightlock --lib sim::tests::seeded -- --nocapture` (also `scripts/sim`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant as StdInstant};
+
+use super::model::{Mutation, Table};
+use super::{run, Knobs, Report};
+use crate::storage::{Enqueue, EnqueueRequest, Request, Response};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn explain(r: &Report) -> String {
+    let tail: Vec<&String> = r.trace.iter().rev().take(80).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
+    format!(
+        "seed {} broke {} guarantee(s):\n  {}\nlast trace lines:\n{}\nreplay: \
+         FLIGHTLOCK_SIM_SEED={} cargo test -p flightlock --lib sim::tests::replay -- --nocapture",
+        r.seed,
+        r.violations.len(),
+        r.violations.join("\n  "),
+        tail.join("\n"),
+        r.seed
+    )
+}
+
+#[test]
+fn seeded_schedules_hold_every_guarantee() {
+    let count = env_u64("FLIGHTLOCK_SIM_SEEDS", 300);
+    let first = env_u64("FLIGHTLOCK_SIM_FIRST_SEED", 0);
+    let started = StdInstant::now();
+    let mut totals = super::model::Outcomes::default();
+    let (mut grants, mut busy, mut crashes, mut cancels) = (0, 0, 0, 0);
+    let mut simulated = Duration::ZERO;
+    let mut failures = Vec::new();
+    for seed in first..first + count {
+        let r = run(seed, Knobs::default());
+        grants += r.grants;
+        busy += r.busy;
+        crashes += r.crashes;
+        cancels += r.cancels;
+        simulated += r.simulated;
+        let o = &r.outcomes;
+        totals.stale_deleted += o.stale_deleted;
+        totals.stale_gone += o.stale_gone;
+        totals.stale_revived += o.stale_revived;
+        totals.heartbeat_superseded += o.heartbeat_superseded;
+        totals.ticket_taken += o.ticket_taken;
+        totals.token_replays += o.token_replays;
+        totals.ttl_deleted += o.ttl_deleted;
+        totals.swept += o.swept;
+        if !r.violations.is_empty() {
+            failures.push(explain(&r));
+            if failures.len() >= 3 {
+                break;
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "simulation: {count} schedules (seeds {first}..{}) in {secs:.1} s = {:.1} schedules/s; \
+         {:.1} h simulated; {grants} grants, {busy} busy, {crashes} crashes, {cancels} \
+         cancellations; outcomes {totals:?}",
+        first + count,
+        count as f64 / secs,
+        simulated.as_secs_f64() / 3600.0
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // The schedules must reach the paths that matter, or the run proves little.
+    assert!(grants > count, "too few grants: {grants}");
+    assert!(busy > 0 && crashes > 0 && cancels > 0);
+    if count >= 100 {
+        assert!(totals.stale_deleted > 0, "no dead row was ever passed over");
+        assert!(
+            totals.stale_revived > 0,
+            "no stale delete ever met a revived row"
+        );
+        assert!(
+            totals.token_replays > 0,
+            "no ambiguous enqueue was ever replayed"
+        );
+        assert!(
+            totals.ticket_taken > 0,
+            "no enqueue ever met a counter set back by hand"
+        );
+        assert!(totals.ttl_deleted > 0 && totals.swept > 0);
+    }
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    for seed in [3, 17, 101] {
+        let a = run(seed, Knobs::default());
+        let b = run(seed, Knobs::default());
+        assert!(a.trace.len() > 20, "{} lines", a.trace.len());
+        assert_eq!(a.trace, b.trace, "seed {seed} did not replay");
+    }
+}
+
+/// Runs seeds until one breaks a guarantee; the number of schedules it took.
+fn first_failure(knobs: Knobs, limit: u64) -> Option<(u64, Report)> {
+    (0..limit).find_map(|seed| {
+        let r = run(seed, knobs);
+        (!r.violations.is_empty()).then_some((seed + 1, r))
+    })
+}
+
+fn caught(name: &str, knobs: Knobs, limit: u64) {
+    let started = StdInstant::now();
+    let found = first_failure(knobs, limit);
+    let Some((tries, report)) = found else {
+        panic!("{name}: no violation in {limit} schedules: the simulation cannot see this defect");
+    };
+    eprintln!(
+        "mutation {name}: caught by seed {} after {tries} schedule(s) in {:.1} s: {}",
+        report.seed,
+        started.elapsed().as_secs_f64(),
+        report.violations[0]
+    );
+}
+
+#[test]
+fn the_old_two_write_enqueue_is_caught() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::TwoWriteEnqueue),
+        ..Knobs::default()
+    };
+    caught("two-write enqueue", knobs, 300);
+}
+
+#[test]
+fn a_stale_delete_without_its_rvn_condition_is_caught() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::UnconditionalStaleDelete),
+        ..Knobs::default()
+    };
+    caught("stale delete without rvn condition", knobs, 300);
+}
+
+#[test]
+fn a_heartbeat_that_can_roll_the_lease_back_is_caught() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::HeartbeatRollback),
+        ..Knobs::default()
+    };
+    caught("heartbeat without the lease condition", knobs, 600);
+}
+
+#[test]
+fn trusting_clocks_more_than_they_agree_is_caught() {
+    let knobs = Knobs {
+        understate_skew: true,
+        ..Knobs::default()
+    };
+    caught("skew allowance understated", knobs, 300);
+}
+
+#[test]
+fn clock_free_schedules_hold_every_guarantee() {
+    let knobs = Knobs {
+        all_clock_free: true,
+        ..Knobs::default()
+    };
+    for seed in 0..env_u64("FLIGHTLOCK_SIM_SEEDS", 300) / 3 {
+        let r = run(seed, knobs);
+        assert!(r.violations.is_empty(), "{}", explain(&r));
+    }
+}
+
+/// `FLIGHTLOCK_SIM_SEED=<n>`: runs that seed and prints its whole trace.
+#[test]
+fn replay() {
+    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_SEED") else {
+        return;
+    };
+    let seed: u64 = seed.parse().expect("FLIGHTLOCK_SIM_SEED is a number");
+    let r = run(seed, Knobs::default());
+    for line in &r.trace {
+        println!("{line}");
+    }
+    println!("violations: {:#?}", r.violations);
+}
+
+// ----- the model's own semantics --------------------------------------------------------------
+
+fn enqueue(key: &str, ticket: u64, counter: Option<u64>, owner: &str, token: &str) -> Request {
+    Request::Enqueue(EnqueueRequest {
+        key: key.into(),
+        ticket,
+        counter,
+        counter_owner: None,
+        row: row_item(key, ticket, owner),
+        owner: owner.into(),
+        token: token.into(),
+    })
+}
+
+fn row_item(key: &str, ticket: u64, owner: &str) -> crate::storage::Item {
+    crate::schema::NewRow {
+        key,
+        ticket,
+        owner,
+        lease_until_ms: 10_000,
+        lease_ms: 1_000,
+        expires_at: 20,
+        clock_free: false,
+        rvn: "r",
+        now_ms: 0,
+        granted: false,
+        holder: &crate::schema::HolderInfo::default(),
+    }
+    .to_item()
+}
+
+#[tokio::test(start_paused = true)]
+async fn model_tokens_replay_and_refuse_changed_requests() {
+    let now = tokio::time::Instant::now();
+    let mut t = Table::new(now, 0);
+    let first = enqueue("k", 1, None, "a", "tok");
+    assert_eq!(
+        t.apply(&first, now).unwrap(),
+        Response::Enqueue(Enqueue::Done)
+    );
+    // Same token, same request: success again, nothing written twice.
+    assert_eq!(
+        t.apply(&first, now).unwrap(),
+        Response::Enqueue(Enqueue::Done)
+    );
+    // Same token, another request: the mismatch error.
+    let changed = enqueue("k", 1, None, "a2", "tok");
+    let err = t.apply(&changed, now).unwrap_err().describe();
+    assert!(err.contains("IdempotentParameterMismatch"), "{err}");
+    // After the window the token is forgotten: the request is evaluated again.
+    let later = now + super::model::TOKEN_WINDOW + Duration::from_secs(1);
+    assert_eq!(
+        t.apply(&first, later).unwrap(),
+        Response::Enqueue(Enqueue::AlreadyOurs)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn model_pages_a_partition_in_order() {
+    let now = tokio::time::Instant::now();
+    let mut t = Table::new(now, 0);
+    t.page_size = 2;
+    for i in 1..=5 {
+        t.insert(row_item("k", i, "o"), now);
+    }
+    t.insert(row_item("other", 1, "o"), now);
+    let mut start = None;
+    let mut seen = Vec::new();
+    loop {
+        let Response::Page { items, next } = t
+            .apply(
+                &Request::Query {
+                    key: "k".into(),
+                    start: start.clone(),
+                },
+                now,
+            )
+            .unwrap()
+        else {
+            panic!("not a page")
+        };
+        seen.extend(items.iter().map(|i| i["ticket"].as_n().unwrap().clone()));
+        match next {
+            Some(n) => start = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["1", "2", "3", "4", "5"]);
+}
+
+/// `FLIGHTLOCK_SIM_SEED=<n>` with every key clock-free.
+#[test]
+fn replay_clock_free() {
+    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_CF_SEED") else {
+        return;
+    };
+    let seed: u64 = seed.parse().expect("FLIGHTLOCK_SIM_CF_SEED is a number");
+    let r = run(
+        seed,
+        Knobs {
+            all_clock_free: true,
+            ..Knobs::default()
+        },
+    );
+    for line in &r.trace {
+        println!("{line}");
+    }
+    println!("violations: {:#?}", r.violations);
+}

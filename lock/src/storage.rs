@@ -1,0 +1,380 @@
+//! The storage seam: the five requests the protocol makes, as values.
+//!
+//! The protocol (`locker.rs`, `heartbeat.rs`) never talks to DynamoDB directly. It builds a
+//! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two
+//! implementations exist:
+//!
+//! - [`crate::store::Dynamo`]: one DynamoDB API call per request (production, and every test
+//!   against DynamoDB Local and moto);
+//! - `sim::model` (tests only): an in-memory model of one table with the semantics the lock relies
+//!   on, behind a simulated network, so a seeded scheduler can drive the *same protocol code*
+//!   through schedules no real server can be pushed into. A differential test sends the same
+//!   requests to both and compares the answers.
+//!
+//! Requests are owned values, and a storage returns a `'static` future: a request that the caller
+//! stops waiting for (a timeout, a dropped acquisition) may still land later, exactly as on a
+//! real network, and the simulation needs to be able to make that happen.
+//!
+//! [`Store`] is the protocol's handle: the storage, plus typed helpers that make one request each
+//! and unpack its answer, plus the tracker of background releases.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use futures::future::BoxFuture;
+
+use crate::error::{BoxError, Error};
+use crate::schema::{Snapshot, COUNTER_SK, PK, SK};
+
+/// A DynamoDB item: attribute name to value.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// One request of the protocol. Each is one DynamoDB API call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Request {
+    /// One page of a strongly consistent `Query` on `key`, continuing after `start`.
+    Query {
+        /// Lock key (the partition).
+        key: String,
+        /// `ExclusiveStartKey` of this page; `None` for the first page.
+        start: Option<Item>,
+    },
+    /// The atomic enqueue transaction (see [`EnqueueRequest`]).
+    Enqueue(EnqueueRequest),
+    /// `DeleteItem` of a row judged stale, conditioned on the `rvn` that was judged.
+    DeleteStale {
+        /// Lock key.
+        key: String,
+        /// The row's ticket.
+        ticket: u64,
+        /// The record version that was judged stale.
+        rvn: String,
+    },
+    /// `UpdateItem` renewing our row (see [`Beat`]).
+    Heartbeat(Beat),
+    /// `DeleteItem` of our own row, conditioned on `owner`.
+    DeleteOwned {
+        /// Lock key.
+        key: String,
+        /// Our ticket.
+        ticket: u64,
+        /// Our owner id.
+        owner: String,
+    },
+}
+
+impl Request {
+    /// The DynamoDB operation, for errors and traces.
+    #[cfg(test)]
+    pub(crate) fn operation(&self) -> &'static str {
+        match self {
+            Request::Query { .. } => "Query",
+            Request::Enqueue(_) => "TransactWriteItems",
+            Request::DeleteStale { .. } | Request::DeleteOwned { .. } => "DeleteItem",
+            Request::Heartbeat(_) => "UpdateItem",
+        }
+    }
+}
+
+/// `TransactWriteItems` of two items: the key's counter moves from `counter` to `ticket`, and our
+/// row (with that ticket) is put if no row has that ticket. Issuance and insertion are one atomic
+/// step, which closes the late-enqueue race (DESIGN.md §4).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EnqueueRequest {
+    /// Lock key.
+    pub key: String,
+    /// The ticket we take. Above the counter *and* above every row we have seen on the key, so a
+    /// counter that was deleted or lowered by hand cannot hand out a ticket that is already
+    /// queued (or, worse, one below the holder's).
+    pub ticket: u64,
+    /// The counter's `last` as we read it; `None`: there is no counter item. The counter update
+    /// is conditioned on exactly this.
+    pub counter: Option<u64>,
+    /// Also require the counter's `lastOwner` to be this (an enqueue from a hint: see
+    /// [`crate::schema::LAST_OWNER`]).
+    pub counter_owner: Option<String>,
+    /// The full queue row.
+    pub row: Item,
+    /// Our owner id (also inside `row`).
+    pub owner: String,
+    /// `ClientRequestToken`: one token, one byte-identical request (retries reuse both).
+    pub token: String,
+}
+
+/// One heartbeat: `UpdateItem` of our row, conditioned on `owner` *and* on the stored lease not
+/// being later than the one we write (`leaseUntilMs <= :until`). The owner condition keeps a late
+/// heartbeat from bringing back a row that was deleted; the lease condition keeps a delayed older
+/// heartbeat from rolling a newer lease back. A retried heartbeat that already landed writes the
+/// same values again and still passes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Beat {
+    /// Lock key.
+    pub key: String,
+    /// Our ticket.
+    pub ticket: u64,
+    /// Our owner id.
+    pub owner: String,
+    /// New lease end, epoch ms; never lower than the last one we wrote.
+    pub lease_until_ms: i64,
+    /// New TTL, epoch seconds.
+    pub expires_at: i64,
+    /// New record version.
+    pub rvn: String,
+    /// Set `acquiredAtMs` if it is not set yet (the row has just been granted).
+    pub acquired_at_ms: Option<i64>,
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Response {
+    /// A page of a `Query`: its items, and where the next page starts (`None`: last page).
+    Page {
+        /// Items of this page, in sort-key order.
+        items: Vec<Item>,
+        /// `LastEvaluatedKey`.
+        next: Option<Item>,
+    },
+    /// Outcome of [`Request::Enqueue`].
+    Enqueue(Enqueue),
+    /// Outcome of [`Request::DeleteStale`].
+    StaleDelete(StaleDelete),
+    /// Outcome of [`Request::Heartbeat`].
+    Renewal(Renewal),
+    /// Outcome of [`Request::DeleteOwned`].
+    Owned(Owned),
+}
+
+/// Result of the atomic enqueue transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Enqueue {
+    /// The counter moved and our row was put, atomically.
+    Done,
+    /// The counter was not as expected; this is what it holds (`None`: no counter item).
+    /// Nothing was written.
+    CounterAt(Option<u64>),
+    /// Our row with this ticket already exists: an earlier, ambiguous attempt committed.
+    AlreadyOurs,
+    /// The counter was as expected but a row that is not ours has our ticket: the counter was
+    /// lowered or deleted by hand. Nothing was written; read the queue and take a higher ticket.
+    TicketTaken,
+    /// Another transaction on the same items was in flight; try again after a backoff.
+    Conflict,
+}
+
+/// Result of a conditional delete of a stale row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StaleDelete {
+    /// We deleted it.
+    Deleted,
+    /// It was already gone.
+    Gone,
+    /// Its `rvn` changed: its owner is alive after all.
+    Revived,
+}
+
+/// Result of a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The row was ours and now carries the new lease and `rvn`.
+    Renewed,
+    /// The row is ours but already carries a later lease: this heartbeat is older than one that
+    /// landed. Nothing was written (the lease is not extended by this request).
+    Superseded,
+    /// The row is gone or belongs to someone else: the lock is lost.
+    Gone,
+}
+
+/// Result of a conditional write on our own row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owned {
+    /// The row was ours and the write happened.
+    Yes,
+    /// The row is gone or belongs to someone else: the lock is lost.
+    No,
+}
+
+/// Why a request did not produce an outcome.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Worth retrying after a backoff: throttling, 5xx, timeouts, lost connections. A write that
+    /// failed this way may or may not have happened (an *ambiguous* write).
+    Retry {
+        /// The service said to slow down.
+        throttled: bool,
+        /// Operation name, for the final error.
+        operation: &'static str,
+        /// The error.
+        source: BoxError,
+    },
+    /// Retrying will not help; the user must act.
+    Fatal(Error),
+}
+
+impl Failure {
+    /// The error to report once the retry budget is spent.
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Failure::Fatal(e) => e,
+            Failure::Retry {
+                throttled: true,
+                operation,
+                source,
+            } => Error::Throttled { operation, source },
+            Failure::Retry {
+                operation, source, ..
+            } => Error::Dynamo { operation, source },
+        }
+    }
+}
+
+/// Where requests go. Implementations must be cheap to call concurrently; the returned future
+/// owns everything it needs (see the module docs).
+pub(crate) trait Storage: Send + Sync + fmt::Debug + 'static {
+    /// Sends one request.
+    fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>>;
+}
+
+/// The protocol's handle on a storage: typed requests, one each, and the background releases.
+#[derive(Clone, Debug)]
+pub(crate) struct Store {
+    storage: Arc<dyn Storage>,
+    table: Arc<str>,
+    /// Background releases (of dropped guards and cancelled acquisitions), so a process can wait
+    /// for them before exiting.
+    background: tokio_util::task::TaskTracker,
+}
+
+/// A storage answered a request with the wrong kind of response: a bug, never a user error.
+#[derive(Debug, thiserror::Error)]
+#[error("storage answered {operation} with {got}")]
+struct WrongResponse {
+    operation: &'static str,
+    got: String,
+}
+
+impl Store {
+    pub(crate) fn new(storage: Arc<dyn Storage>, table: &str) -> Store {
+        Store {
+            storage,
+            table: table.into(),
+            background: tokio_util::task::TaskTracker::new(),
+        }
+    }
+
+    pub(crate) fn background(&self) -> &tokio_util::task::TaskTracker {
+        &self.background
+    }
+
+    pub(crate) fn table(&self) -> &str {
+        &self.table
+    }
+
+    async fn call(&self, request: Request) -> Result<Response, Failure> {
+        self.storage.call(request).await
+    }
+
+    fn wrong(operation: &'static str, got: Response) -> Failure {
+        Failure::Fatal(Error::Dynamo {
+            operation,
+            source: Box::new(WrongResponse {
+                operation,
+                got: format!("{got:?}"),
+            }),
+        })
+    }
+
+    /// Reads a key's counter and queue: a strongly consistent `Query`, page by page (DynamoDB
+    /// pages at 1 MB, i.e. thousands of waiters). Pages are separate reads, so the result is not
+    /// one snapshot; the protocol does not need one (rows below a ticket can only disappear, and
+    /// a row that disappears between pages was read as present, which is the cautious side).
+    pub(crate) async fn read(&self, key: &str) -> Result<Snapshot, Failure> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let request = Request::Query {
+                key: key.to_owned(),
+                start,
+            };
+            match self.call(request).await? {
+                Response::Page { items: page, next } => {
+                    items.extend(page);
+                    match next {
+                        Some(k) if !k.is_empty() => start = Some(k),
+                        _ => break,
+                    }
+                }
+                other => return Err(Self::wrong("Query", other)),
+            }
+        }
+        Snapshot::from_items(key, &items).map_err(Failure::Fatal)
+    }
+
+    pub(crate) async fn enqueue(&self, request: &EnqueueRequest) -> Result<Enqueue, Failure> {
+        match self.call(Request::Enqueue(request.clone())).await? {
+            Response::Enqueue(e) => Ok(e),
+            other => Err(Self::wrong("TransactWriteItems", other)),
+        }
+    }
+
+    pub(crate) async fn delete_stale(
+        &self,
+        key: &str,
+        ticket: u64,
+        rvn: &str,
+    ) -> Result<StaleDelete, Failure> {
+        let request = Request::DeleteStale {
+            key: key.to_owned(),
+            ticket,
+            rvn: rvn.to_owned(),
+        };
+        match self.call(request).await? {
+            Response::StaleDelete(o) => Ok(o),
+            other => Err(Self::wrong("DeleteItem", other)),
+        }
+    }
+
+    pub(crate) async fn heartbeat(&self, beat: &Beat) -> Result<Renewal, Failure> {
+        match self.call(Request::Heartbeat(beat.clone())).await? {
+            Response::Renewal(r) => Ok(r),
+            other => Err(Self::wrong("UpdateItem", other)),
+        }
+    }
+
+    pub(crate) async fn delete_owned(
+        &self,
+        key: &str,
+        ticket: u64,
+        owner: &str,
+    ) -> Result<Owned, Failure> {
+        let request = Request::DeleteOwned {
+            key: key.to_owned(),
+            ticket,
+            owner: owner.to_owned(),
+        };
+        match self.call(request).await? {
+            Response::Owned(o) => Ok(o),
+            other => Err(Self::wrong("DeleteItem", other)),
+        }
+    }
+}
+
+/// The primary key of a key's counter item.
+pub(crate) fn counter_key(key: &str) -> Item {
+    HashMap::from([
+        (PK.to_owned(), AttributeValue::S(key.to_owned())),
+        (SK.to_owned(), AttributeValue::S(COUNTER_SK.to_owned())),
+    ])
+}
+
+/// The primary key of a queue row.
+pub(crate) fn row_key(key: &str, ticket: u64) -> Item {
+    HashMap::from([
+        (PK.to_owned(), AttributeValue::S(key.to_owned())),
+        (
+            SK.to_owned(),
+            AttributeValue::S(crate::schema::queue_sk(ticket)),
+        ),
+    ])
+}
