@@ -97,11 +97,19 @@ pub enum Error {
         /// Last error.
         source: BoxError,
     },
-    /// An item in the table does not look like a flightlock item.
-    #[error("malformed lock item for key `{key}`: attribute `{field}`: {problem}")]
+    /// An item in the table does not look like a flightlock item. Nobody can judge whether its
+    /// owner is alive, so the key stays unusable until the item is fixed or removed by hand.
+    #[error(
+        "malformed lock item (pk `{key}`, sk `{sk}`): attribute `{field}`: {problem}. No one can \
+         tell whether it is held, so key `{key}` is stuck until the item is removed: check what \
+         wrote it, then `aws dynamodb delete-item --table-name <lock table> --key \
+         '{{\"pk\":{{\"S\":{key:?}}},\"sk\":{{\"S\":{sk:?}}}}}'`"
+    )]
     MalformedItem {
         /// Lock key.
         key: String,
+        /// The item's sort key (`?` if it has none).
+        sk: String,
         /// Attribute.
         field: String,
         /// What is wrong.

@@ -248,6 +248,7 @@ impl QueueRow {
         if sk != queue_sk(ticket) {
             return Err(malformed(
                 key,
+                item,
                 SK,
                 format!("sort key {sk:?} does not match ticket {ticket}"),
             ));
@@ -256,6 +257,7 @@ impl QueueRow {
         if expires_at > MAX_EXPIRES_AT_SECONDS {
             return Err(malformed(
                 key,
+                item,
                 EXPIRES_AT,
                 format!(
                     "{expires_at} looks like milliseconds; the TTL attribute must be epoch seconds"
@@ -285,9 +287,19 @@ impl QueueRow {
     }
 }
 
-fn malformed(key: &str, field: &str, problem: String) -> Error {
+fn malformed(
+    key: &str,
+    item: &HashMap<String, AttributeValue>,
+    field: &str,
+    problem: String,
+) -> Error {
+    let sk = match item.get(SK) {
+        Some(AttributeValue::S(sk)) => sk.clone(),
+        _ => "?".to_owned(),
+    };
     Error::MalformedItem {
         key: key.to_owned(),
+        sk,
         field: field.to_owned(),
         problem,
     }
@@ -302,10 +314,11 @@ fn get_s<'a>(
         Some(AttributeValue::S(v)) => Ok(v),
         Some(other) => Err(malformed(
             key,
+            item,
             name,
             format!("expected a string, found {other:?}"),
         )),
-        None => Err(malformed(key, name, "missing".into())),
+        None => Err(malformed(key, item, name, "missing".into())),
     }
 }
 
@@ -315,12 +328,17 @@ fn get_num<T: std::str::FromStr>(
     name: &str,
 ) -> Result<Option<T>, Error> {
     match item.get(name) {
-        Some(AttributeValue::N(v)) => v
-            .parse()
-            .map(Some)
-            .map_err(|_| malformed(key, name, format!("{v:?} is not a whole number in range"))),
+        Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| {
+            malformed(
+                key,
+                item,
+                name,
+                format!("{v:?} is not a whole number in range"),
+            )
+        }),
         Some(other) => Err(malformed(
             key,
+            item,
             name,
             format!("expected a number, found {other:?}"),
         )),
@@ -329,11 +347,11 @@ fn get_num<T: std::str::FromStr>(
 }
 
 fn get_u64(key: &str, item: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, Error> {
-    get_num(key, item, name)?.ok_or_else(|| malformed(key, name, "missing".into()))
+    get_num(key, item, name)?.ok_or_else(|| malformed(key, item, name, "missing".into()))
 }
 
 fn get_i64(key: &str, item: &HashMap<String, AttributeValue>, name: &str) -> Result<i64, Error> {
-    get_num(key, item, name)?.ok_or_else(|| malformed(key, name, "missing".into()))
+    get_num(key, item, name)?.ok_or_else(|| malformed(key, item, name, "missing".into()))
 }
 
 fn opt_i64(

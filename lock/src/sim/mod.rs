@@ -31,6 +31,8 @@
 //! **Replaying a seed**: `FLIGHTLOCK_SIM_SEED=<seed> cargo test -p flightlock --lib
 //! sim::tests::replay -- --nocapture` prints the whole trace.
 
+#[cfg(test)]
+mod differential;
 pub(crate) mod model;
 pub(crate) mod net;
 #[cfg(test)]

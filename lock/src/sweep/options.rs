@@ -124,6 +124,7 @@ impl ScanKey {
             Some(AttributeValue::S(v)) => Ok(v.clone()),
             other => Err(Error::MalformedItem {
                 key: format!("{item:?}"),
+                sk: "?".into(),
                 field: name.to_owned(),
                 problem: format!("LastEvaluatedKey: expected a string, found {other:?}"),
             }),

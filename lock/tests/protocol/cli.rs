@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::common::*;
 
-fn cli(env: &Env) -> Command {
+pub fn cli(env: &Env) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_flightlock"));
     c.env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
         .env("AWS_ACCESS_KEY_ID", "local")

@@ -6,6 +6,7 @@
 mod cli;
 mod common;
 mod crash;
+mod defects;
 mod errors;
 mod exclusion;
 mod faults;

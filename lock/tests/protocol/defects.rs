@@ -1,0 +1,275 @@
+//! One test per fault-path defect that the protocol once had (issue 7), each against DynamoDB
+//! Local through the fault proxy where the fault is on the wire. Each failed before its fix.
+//! The schedules a proxy cannot make (a heartbeat landing after a newer one with the answer lost,
+//! operator changes in the middle of an enqueue, TTL at any moment) are explored by the
+//! simulation (`lock/src/sim`), which also shows each of these fixes undone being caught.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use flightlock::{ClockSkew, Error, LockOptions, Wait};
+use flightlock_testkit::{Fault, Rule};
+use tokio::time::Instant;
+
+use crate::common::*;
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+async fn delete_counter(env: &Env, key: &str) {
+    env.client
+        .delete_item()
+        .table_name(&env.table)
+        .key("pk", s(key))
+        .key("sk", s("counter"))
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn set_counter(env: &Env, key: &str, last: u64) {
+    env.client
+        .put_item()
+        .table_name(&env.table)
+        .item("pk", s(key))
+        .item("sk", s("counter"))
+        .item("last", AttributeValue::N(last.to_string()))
+        .send()
+        .await
+        .unwrap();
+}
+
+fn short_wait() -> LockOptions {
+    LockOptions {
+        wait: Wait::For(Duration::from_millis(700)),
+        ..fast()
+    }
+}
+
+/// Defect 1: an operator deletes the counter while the key is held. A new contender used to read
+/// `last = 0`, take ticket 1, see no row below it and be granted beside the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_counter_never_grants_past_the_holder() {
+    let env = Env::new("ctrdel").await;
+    let a = env.locker().await.acquire("k", &fast()).await.unwrap();
+    // Some history, so the holder's ticket is well above 1.
+    assert!(a.token() >= 1);
+    delete_counter(&env, "k").await;
+    let b = env.locker().await;
+    let err = b.acquire("k", &short_wait()).await.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err}");
+    assert!(!a.is_lost());
+    let held = a.token();
+    a.release().await.unwrap();
+    let g = b.acquire("k", &short_wait()).await.unwrap();
+    assert!(g.token() > held, "token {} after {held}", g.token());
+    g.release().await.unwrap();
+}
+
+/// Defect 1, the other way: the counter set back below the queue. A ticket that collides with a
+/// queued row used to spin on a retryable error for the whole wait; now the contender reads again
+/// and takes a ticket above every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_counter_takes_a_ticket_above_the_queue() {
+    let env = Env::new("ctrlow").await;
+    let locker = env.locker().await;
+    for _ in 0..3 {
+        locker
+            .acquire("k", &fast())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let held = holder.token();
+    set_counter(&env, "k", held - 1).await;
+    let b = env.locker().await;
+    let started = Instant::now();
+    let err = b.acquire("k", &short_wait()).await.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    holder.release().await.unwrap();
+    let g = b.acquire("k", &short_wait()).await.unwrap();
+    assert!(g.token() > held, "token {} after {held}", g.token());
+    g.release().await.unwrap();
+}
+
+/// Defect 3: an enqueue whose answers are lost three times (every SDK attempt) is retried by the
+/// lock itself. It used to rebuild the row (new `rvn`, new lease) under the same
+/// `ClientRequestToken`: DynamoDB refuses that with `IdempotentParameterMismatch`. One token, one
+/// byte-identical request: the retry is answered from the first commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_enqueue_resends_the_same_request() {
+    let env = Env::new("sametoken").await;
+    let (a, proxy) = env.proxied_locker().await;
+    proxy.add_rule(
+        Rule::new(Fault::DropResponse)
+            .on("TransactWriteItems")
+            .times(3),
+    );
+    let g = a.acquire("k", &fast()).await.unwrap();
+    assert_eq!(proxy.faults_applied(), 3);
+    assert!(proxy.count("TransactWriteItems") >= 4);
+    let q = env.queue("k").await;
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0].owner, g.owner());
+    g.release().await.unwrap();
+}
+
+/// Defect 4: a heartbeat delayed past its attempt timeout lands after newer ones. It used to
+/// write its older `leaseUntilMs` back over the newer lease; now its condition fails. The stored
+/// lease must never go down while the holder holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_heartbeat_never_rolls_the_lease_back() {
+    let env = Env::new("hbroll").await;
+    let proxy = flightlock_testkit::FaultProxy::start(&env.endpoint)
+        .await
+        .unwrap();
+    let client = flightlock_testkit::client_with(&proxy.endpoint(), |b| {
+        b.timeout_config(
+            aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(Duration::from_millis(250))
+                .build(),
+        )
+    })
+    .await;
+    let a = flightlock::Locker::new(client, &env.table);
+    // The first heartbeat and its two SDK retries arrive 1.2 s late, after newer heartbeats.
+    proxy.add_rule(
+        Rule::new(Fault::DelayRequest(Duration::from_millis(1200)))
+            .on("UpdateItem")
+            .times(3),
+    );
+    let g = a.acquire("k", &fast()).await.unwrap();
+    let mut last = 0;
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let items = env.items("k").await;
+        let row = items
+            .iter()
+            .find(|i| i.get("sk").and_then(|v| v.as_s().ok()) != Some(&"counter".to_owned()));
+        if let Some(row) = row {
+            let lease: i64 = row["leaseUntilMs"].as_n().unwrap().parse().unwrap();
+            assert!(lease >= last, "lease rolled back from {last} to {lease}");
+            last = lease;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        proxy.faults_applied(),
+        3,
+        "the delayed heartbeats never ran"
+    );
+    assert!(!g.is_lost(), "the holder lost its lock");
+    g.release().await.unwrap();
+}
+
+/// Defect 5: in clock-free mode, `wait = 0` used to meet every row for the first time and call it
+/// live, so a crashed holder made every skip-mode call skip until TTL. Now a row is watched until
+/// it changes (busy) or stays unchanged for its lease (passed over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_free_skip_passes_a_dead_holder_over() {
+    let env = Env::new("cfskip").await;
+    let clock_free = LockOptions {
+        clock_skew: ClockSkew::Unbounded,
+        ttl_grace: Duration::from_secs(3600),
+        ..fast()
+    };
+    let (dead, proxy) = env.proxied_locker().await;
+    let g = dead.acquire("k", &clock_free).await.unwrap();
+    proxy.add_rule(Rule::new(Fault::ServerError)); // the holder is cut off: it never beats again
+    let skip = LockOptions {
+        wait: Wait::NoWait,
+        ..clock_free.clone()
+    };
+    let b = env.locker().await;
+    let started = Instant::now();
+    let taken = b.acquire("k", &skip).await.unwrap();
+    let took = started.elapsed();
+    assert!(took >= fast().lease, "passed over after only {took:?}");
+    assert!(g.is_lost(), "the cut-off holder still believes it holds");
+    // A live holder, on the other hand, is reported busy (once it is seen to change).
+    let c = env.locker().await;
+    let started = Instant::now();
+    let err = c.acquire("k", &skip).await.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err}");
+    assert!(started.elapsed() < fast().lease, "{:?}", started.elapsed());
+    taken.release().await.unwrap();
+    drop(g);
+    proxy.clear_rules();
+    dead.flush().await;
+}
+
+/// Defect 6: an acquisition dropped while its enqueue transaction is in flight (a timeout, a
+/// signal) used to leave a row behind that nobody heartbeats: every later caller waited a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_enqueue_leaves_no_row() {
+    let env = Env::new("cancelenq").await;
+    let (a, proxy) = env.proxied_locker().await;
+    proxy.add_rule(
+        Rule::new(Fault::DelayResponse(Duration::from_millis(800)))
+            .on("TransactWriteItems")
+            .times(1),
+    );
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), a.acquire("k", &fast())).await;
+    assert!(cancelled.is_err(), "the acquisition was not cancelled");
+    a.flush().await;
+    let q = env.queue("k").await;
+    assert!(q.is_empty(), "left behind: {q:?}");
+    // And the key is free at once for the next caller.
+    let started = Instant::now();
+    let g = env
+        .locker()
+        .await
+        .acquire("k", &short_wait())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_millis(500));
+    g.release().await.unwrap();
+}
+
+/// Defect 7: a malformed row makes the key unusable; the error must say which row and how to
+/// remove it, and `status` must show the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_row_is_named_with_the_way_out() {
+    let env = Env::new("malformed").await;
+    env.client
+        .put_item()
+        .table_name(&env.table)
+        .item("pk", s("k"))
+        .item("sk", s("q#00000000000000000003"))
+        .item("ticket", AttributeValue::N("3".into()))
+        .item("owner", s("o"))
+        .item("leaseUntilMs", s("soon"))
+        .item("leaseMs", AttributeValue::N("1000".into()))
+        .item("expiresAt", AttributeValue::N("4000000000".into()))
+        .item("rvn", s("r"))
+        .send()
+        .await
+        .unwrap();
+    let err = env
+        .locker()
+        .await
+        .acquire("k", &short_wait())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q#00000000000000000003"), "{err}");
+    assert!(err.contains("leaseUntilMs"), "{err}");
+    assert!(err.contains("delete-item"), "{err}");
+    // `flightlock status` shows the same, and exits non-zero.
+    let mut status = crate::cli::cli(&env);
+    status.args(["status", "--key", "k"]);
+    let out = tokio::task::spawn_blocking(move || status.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("q#00000000000000000003") && stderr.contains("delete-item"),
+        "{stderr}"
+    );
+}
