@@ -272,8 +272,18 @@ async fn handle(
     );
     match fault {
         Fault::DelayRequest(delay) => {
-            tokio::time::sleep(delay).await;
-            Ok(forward(&shared, &parts, &body).await)
+            // The delayed request travels on its own: if the client gives up on it (an attempt
+            // timeout), it still arrives, as on a real network — the late heartbeat, the
+            // enqueue still in flight.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let late = shared.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = tx.send(forward(&late, &parts, &body).await);
+            });
+            Ok(rx
+                .await
+                .unwrap_or_else(|_| responses::bad_gateway("delayed request lost")))
         }
         Fault::DelayResponse(delay) => {
             let response = forward(&shared, &parts, &body).await;
