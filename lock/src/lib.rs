@@ -22,12 +22,14 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | `storage` | the five requests of the protocol as values, and the seam they cross |
+//! | `store` | those requests on DynamoDB, one API call each (I/O) |
+//! | `sim` | (tests) deterministic simulation of the protocol against a model of the table |
 //! | `schema` | table schema: attribute names, sort keys, item encoding (pure) |
 //! | `options` | [`LockOptions`], [`Wait`], [`ClockSkew`], duration syntax (pure) |
 //! | `liveness` | when a row is stale; poll and backoff schedules (pure) |
 //! | `clock` | wall and monotonic time, injectable ([`SkewedClock`] for tests) |
 //! | `error` | the crate's one error type |
-//! | `store` | one function per DynamoDB request (I/O) |
 //! | `locker` | the acquisition protocol: [`Locker`] |
 //! | `heartbeat` | keeping our row alive and the lost signal |
 //! | `guard` | [`LockGuard`]: token, lost signal, release |
@@ -38,6 +40,9 @@
 //! | `lambda` | feature `lambda`: a tower layer that gates a `lambda_runtime` handler in-process |
 //!
 //! ## Guarantees
+//!
+//! The protocol as a state machine, each guarantee's mechanism and proof, and the limits that
+//! remain: `lock/PROTOCOL.md`.
 //!
 //! 1. **Mutual exclusion**: at most one live holder per key. A holder that can no longer be sure
 //!    of its lease learns it (the lost signal) before anyone else can be granted the key, as long

@@ -273,3 +273,61 @@ async fn a_malformed_row_is_named_with_the_way_out() {
         "{stderr}"
     );
 }
+
+/// Defect 2: clock-free mode was not clock-free for a *holder*: `expiresAt` and the sweeper's
+/// cutoff come from the writer's wall clock, so a holder whose clock ran behind by more than the
+/// sweeper's grace (10 min) or the TTL grace had its live row deleted, and a clock-free waiter was
+/// then granted beside it. Clock-free rows now carry `clockFree` and get 24 h of grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_free_holder_two_hours_behind_keeps_its_row() {
+    let env = Env::new("cfbehind").await;
+    let clock_free = LockOptions {
+        clock_skew: ClockSkew::Unbounded,
+        ..fast()
+    };
+    let behind = env
+        .locker()
+        .await
+        .with_clock(std::sync::Arc::new(flightlock::SkewedClock {
+            offset_ms: -2 * 3_600_000,
+        }));
+    let holder = behind.acquire("k", &clock_free).await.unwrap();
+    // TTL: DynamoDB compares expiresAt with the true time; it must be far enough ahead.
+    let items = env.items("k").await;
+    let row = items
+        .iter()
+        .find(|i| i.get("sk").and_then(|v| v.as_s().ok()) != Some(&"counter".to_owned()))
+        .unwrap();
+    let expires: i64 = row["expiresAt"].as_n().unwrap().parse().unwrap();
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        expires > now_s + 20 * 3600,
+        "expiresAt only {} s ahead",
+        expires - now_s
+    );
+    // The sweeper with its default 10-minute grace leaves the row alone.
+    let summary = flightlock::Sweeper::new(env.client.clone(), &env.table)
+        .sweep(&flightlock::SweepOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(summary.deleted, 0, "{summary:?}");
+    assert_eq!(summary.still_live, 1, "{summary:?}");
+    // And a clock-free waiter is not granted while the holder lives.
+    let waiter = env.locker().await;
+    let err = waiter
+        .acquire(
+            "k",
+            &LockOptions {
+                wait: Wait::For(fast().lease * 2),
+                ..clock_free.clone()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err}");
+    assert!(!holder.is_lost());
+    holder.release().await.unwrap();
+}
