@@ -585,7 +585,51 @@ fn wait_bound(wait: Wait, opts: &LockOptions, attempt_timeout: Duration) -> Opti
     )
 }
 
+/// A participant: runs its cycles; after a crash, half the time a new process takes over the
+/// remaining cycles a little later (a restarted container, the next Lambda sandbox), with
+/// nothing remembered.
 async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
+    let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x5eed);
+    let mut first = 0;
+    for incarnation in 0u64.. {
+        let mut this = plan.clone();
+        this.seed = plan.seed.wrapping_add(incarnation);
+        if incarnation > 0 {
+            this.who = format!("{}r{incarnation}", plan.who);
+        }
+        match process(&ctx, &this, &key, origin, first).await {
+            None => break,
+            Some(crashed_at) => {
+                if !rng.random_bool(0.5) {
+                    return;
+                }
+                first = crashed_at + 1;
+                let pause = ms(
+                    &mut rng,
+                    0,
+                    2 * crate::heartbeat::millis(key.opts.lease) as u64,
+                );
+                tokio::time::sleep(pause).await;
+                ctx.note(format!(
+                    "{} restarts as {}r{}",
+                    plan.who,
+                    plan.who,
+                    incarnation + 1
+                ));
+            }
+        }
+    }
+    ctx.with(|m| m.finished.insert(plan.who.clone()));
+}
+
+/// One process of a participant, from cycle `first`. `Some(cycle)`: it crashed in that cycle.
+async fn process(
+    ctx: &Ctx,
+    plan: &WorkerPlan,
+    key: &KeyPlan,
+    origin: Instant,
+    first: u32,
+) -> Option<u32> {
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let clock = Arc::new(SimClock::new(
         EPOCH_MS,
@@ -603,7 +647,7 @@ async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
     let locker = Locker::on(Arc::new(endpoint), "sim").with_clock(clock.clone());
     let who = plan.who.clone();
     let lease = key.opts.lease;
-    for cycle in 0..plan.cycles {
+    for cycle in first..plan.cycles {
         tokio::time::sleep(ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64)).await;
         if key.opts.clock_free() && rng.random_bool(0.2) {
             let jump = rng.random_range(-3_600_000..=3_600_000);
@@ -661,7 +705,7 @@ async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
                 m.crashed.insert(who.clone());
                 m.crashes += 1;
             });
-            return;
+            return Some(cycle);
         } else {
             locker.acquire(&key.name, &opts).await
         };
@@ -721,7 +765,7 @@ async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
                     m.crashes += 1;
                 });
                 std::mem::forget(guard);
-                return;
+                return Some(cycle);
             }
             1 => {
                 ctx.with(|m| m.leave(&who));
@@ -741,7 +785,7 @@ async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
         }
     }
     locker.flush().await;
-    ctx.with(|m| m.finished.insert(who.clone()));
+    None
 }
 
 /// FIFO: at a grant, no row below ours may still be live (its version sent less than its lease
