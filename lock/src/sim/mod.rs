@@ -749,7 +749,7 @@ async fn process(
                 wiped,
             )
         });
-        check_nothing_live_below(&ctx, &who, &key.name, token);
+        check_nothing_live_below(ctx, &who, &key.name, token);
         let steps = rng.random_range(0..=6);
         for _ in 0..steps {
             tokio::time::sleep(lease / 5).await;
