@@ -1,14 +1,13 @@
 //! The grant: a guard that carries the fencing token and the lost signal.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::heartbeat::{current, LostReason, Membership, RowState};
-use crate::locker::{Hint, Locker};
+use crate::memory::{Hint, Memory};
 use crate::storage::Owned;
 
 /// A held lock. It heartbeats in the background until [`LockGuard::release`] (or drop, which
@@ -22,7 +21,8 @@ use crate::storage::Owned;
 pub struct LockGuard {
     membership: Option<Membership>,
     waited: Duration,
-    hints: Arc<Mutex<HashMap<String, Hint>>>,
+    granted_at: tokio::time::Instant,
+    memory: Arc<Memory>,
 }
 
 /// What [`LockGuard::release`] found.
@@ -39,12 +39,14 @@ impl LockGuard {
     pub(crate) fn new(
         membership: Membership,
         waited: Duration,
-        hints: Arc<Mutex<HashMap<String, Hint>>>,
+        granted_at: tokio::time::Instant,
+        memory: Arc<Memory>,
     ) -> Self {
         LockGuard {
             membership: Some(membership),
             waited,
-            hints,
+            granted_at,
+            memory,
         }
     }
 
@@ -113,12 +115,16 @@ impl LockGuard {
             ticket: m.ticket,
             owner: m.owner.to_string(),
         };
+        let held = tokio::time::Instant::now().saturating_duration_since(self.granted_at);
         let result = m.leave().await;
         // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
         // were granted and cannot reappear, so if the counter still stands at `ticket` the queue
         // is empty and the next acquire can skip its read.
         let hint = matches!(result, Ok(Owned::Yes)).then_some(hint);
-        Locker::remember(&self.hints, &key, hint);
+        self.memory.remember(&key, hint);
+        self.memory.held(&key, held);
+        // Waiters of this process look at once instead of at their next poll.
+        self.memory.released(&key);
         match result? {
             Owned::Yes => Ok(ReleaseOutcome::Released),
             Owned::No => Ok(ReleaseOutcome::Lost),
@@ -129,7 +135,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(m) = &self.membership {
-            Locker::remember(&self.hints, &m.key, None);
+            self.memory.remember(&m.key, None);
         }
         // Dropping the membership stops the heartbeat and deletes the row in the background.
     }

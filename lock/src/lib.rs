@@ -31,6 +31,7 @@
 //! | `clock` | wall and monotonic time, injectable ([`SkewedClock`] for tests) |
 //! | `error` | the crate's one error type |
 //! | `locker` | the acquisition protocol: [`Locker`] |
+//! | `memory` | what a process remembers between calls: hints, hold times, local waiters |
 //! | `heartbeat` | keeping our row alive and the lost signal |
 //! | `guard` | [`LockGuard`]: token, lost signal, release |
 //! | `queue` | inspecting a key's queue ([`QueueEntry`]) |
@@ -64,6 +65,7 @@ mod heartbeat;
 pub mod lambda;
 pub mod liveness;
 mod locker;
+mod memory;
 pub mod options;
 mod queue;
 pub mod schema;

@@ -122,27 +122,43 @@ impl Observer {
     }
 }
 
-/// How long a waiter sleeps before looking again.
+/// The shortest pause between two looks of a waiter.
+pub const MIN_POLL: Duration = Duration::from_millis(5);
+
+/// How long a waiter sleeps before looking again, by its place and the key's usual hold time.
 ///
-/// - The waiter next in line (`live_ahead == 1`) always polls at `base`, so a release is seen
-///   within one poll interval.
-/// - A waiter further back polls at `base` too while the queue is moving (its place improved
-///   since its last look: `still_polls == 0`), because it may be next very soon. While the queue
-///   stands still it backs off, doubling per look without progress, up to a factor set by its
-///   place (`2^(live_ahead-1)`) and at most `max`. A long holder with a long queue then costs
-///   little, and a fast-moving queue hands off without delay.
+/// - `ahead` is how many live rows are ahead of it (1: it is next). Each look reads only the rows
+///   just below its own (one read unit), so this is exact for a short queue and a lower bound for
+///   a long one.
+/// - `hold` is how long this process usually holds the key (`None` until it has held it once).
+/// - The waiter that is next looks every `base`, or every half a usual hold if holds are shorter
+///   (never faster than [`MIN_POLL`]): a short critical section is handed over in about half its
+///   length, a long one costs one read per `base`.
+/// - A waiter further back expects `ahead - 1` holds to pass first and looks again after half of
+///   that, doubling while the queue stands still, up to `max`: the requests on a key grow with the
+///   logarithm of the queue, not with its length, until `max` caps the interval.
 ///
 /// `jitter` in `[0, 1)` spreads waiters apart by ±25 %.
 pub fn poll_interval(
-    live_ahead: usize,
+    ahead: usize,
+    hold: Option<Duration>,
     still_polls: u32,
     base: Duration,
     max: Duration,
     jitter: f64,
 ) -> Duration {
-    let by_place = u32::try_from(live_ahead.saturating_sub(1)).unwrap_or(u32::MAX);
-    let doublings = by_place.min(still_polls).min(8);
-    let nominal = base.saturating_mul(1 << doublings).min(max);
+    let quick = hold.map_or(base, |h| (h / 2).clamp(MIN_POLL.min(base), base));
+    let nominal = if ahead <= 1 {
+        quick
+    } else {
+        let behind = u32::try_from(ahead - 1).unwrap_or(u32::MAX);
+        let expect = hold.unwrap_or(base).saturating_mul(behind) / 2;
+        expect
+            .max(quick)
+            .saturating_mul(1 << still_polls.min(4))
+            .min(max)
+            .max(quick)
+    };
     nominal.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
 }
 
@@ -263,28 +279,49 @@ mod tests {
     }
 
     #[test]
-    fn poll_interval_backs_off_only_while_the_queue_stands_still() {
+    fn pacing_follows_the_place_and_the_hold_time() {
         let base = Duration::from_millis(100);
         let max = Duration::from_secs(2);
-        // Next in line: always the base interval.
-        assert_eq!(poll_interval(1, 0, base, max, 0.5), base);
-        assert_eq!(poll_interval(1, 10, base, max, 0.5), base);
-        // Further back but the queue just moved: base.
-        assert_eq!(poll_interval(5, 0, base, max, 0.5), base);
-        // Further back and stuck: doubles per still look, bounded by the place and by max.
-        assert_eq!(poll_interval(5, 1, base, max, 0.5), base * 2);
-        assert_eq!(poll_interval(5, 3, base, max, 0.5), base * 8);
-        assert_eq!(poll_interval(3, 9, base, max, 0.5), base * 4);
-        assert_eq!(poll_interval(50, 50, base, max, 0.5), max);
+        let ms = Duration::from_millis;
+        // Next in line: base, or half a short hold (never under MIN_POLL).
+        assert_eq!(poll_interval(1, None, 9, base, max, 0.5), base);
+        assert_eq!(poll_interval(1, Some(ms(20)), 0, base, max, 0.5), ms(10));
+        assert_eq!(poll_interval(1, Some(ms(4)), 0, base, max, 0.5), MIN_POLL);
+        assert_eq!(poll_interval(1, Some(ms(10_000)), 0, base, max, 0.5), base);
+        // Further back: half the expected wait, at least the quick interval, at most max.
+        assert_eq!(poll_interval(3, Some(ms(20)), 0, base, max, 0.5), ms(20));
+        assert_eq!(poll_interval(5, Some(ms(400)), 0, base, max, 0.5), ms(800));
+        assert_eq!(poll_interval(50, Some(ms(400)), 0, base, max, 0.5), max);
+        // Unknown hold: the base per place; doubling while nothing moves.
+        assert_eq!(poll_interval(3, None, 0, base, max, 0.5), base);
+        assert_eq!(poll_interval(3, None, 2, base, max, 0.5), base * 4);
+        assert_eq!(poll_interval(3, None, 30, base, max, 0.5), base * 16);
         // Jitter: ±25 %.
-        assert_eq!(
-            poll_interval(1, 0, base, max, 0.0),
-            Duration::from_millis(75)
-        );
-        assert_eq!(
-            poll_interval(1, 0, base, max, 1.0),
-            Duration::from_millis(125)
-        );
+        assert_eq!(poll_interval(1, None, 0, base, max, 0.0), ms(75));
+        assert_eq!(poll_interval(1, None, 0, base, max, 1.0), ms(125));
+    }
+
+    #[test]
+    fn requests_on_a_key_grow_slowly_with_the_queue() {
+        // Sum of look rates of n waiters with 1 s holds: about (2/hold)·ln(n) looks per second
+        // until max caps the far ones; never n/base.
+        let rate = |n: usize| -> f64 {
+            (1..=n)
+                .map(|k| {
+                    1.0 / poll_interval(
+                        k,
+                        Some(Duration::from_secs(1)),
+                        0,
+                        Duration::from_millis(100),
+                        Duration::from_secs(30),
+                        0.5,
+                    )
+                    .as_secs_f64()
+                })
+                .sum()
+        };
+        assert!(rate(100) < 25.0, "{}", rate(100));
+        assert!(rate(1000) < 60.0, "{}", rate(1000));
     }
 
     #[test]

@@ -24,7 +24,6 @@
 //! waiter that enqueued meanwhile has moved the counter, so the hint fails and we queue behind).
 //! A skip decision (`wait = 0`, key held) costs 1 request (2 with a stale hint).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,14 +36,12 @@ use crate::error::{Error, HeldBy};
 use crate::guard::LockGuard;
 use crate::heartbeat::{delete_with_retry, millis, Membership, RowState, Timing, Written};
 use crate::liveness::{backoff, poll_interval, Observer, Verdict};
+use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions, Wait};
 use crate::queue::QueueEntry;
-use crate::schema::{validate_key, NewRow, QueueRow, Snapshot};
+use crate::schema::{validate_key, Counter, NewRow, QueueRow, Snapshot};
 use crate::storage::{Enqueue, EnqueueRequest, Failure, StaleDelete, Storage, Store};
 use crate::store::Dynamo;
-
-/// At most this many keys' hints are remembered (one `u64` each).
-const MAX_HINTS: usize = 4096;
 
 /// Retries of transient failures last at least this long, even with `wait = 0`.
 const MIN_RETRY_BUDGET: Duration = Duration::from_secs(5);
@@ -68,7 +65,7 @@ pub(crate) fn new_id(clock: &dyn Clock) -> String {
 pub struct Locker {
     store: Store,
     clock: Arc<dyn Clock>,
-    hints: Arc<Mutex<HashMap<String, Hint>>>,
+    memory: Arc<Memory>,
     observer: Arc<Mutex<Observer>>,
 }
 
@@ -110,7 +107,7 @@ impl Locker {
         Locker {
             store: Store::new(storage, table),
             clock: Arc::new(SystemClock),
-            hints: Arc::default(),
+            memory: Arc::default(),
             observer: Arc::default(),
         }
     }
@@ -183,7 +180,12 @@ impl Locker {
                 waited_ms = millis(waited),
                 "lock acquired"
             );
-            return Ok(LockGuard::new(membership, waited, self.hints.clone()));
+            return Ok(LockGuard::new(
+                membership,
+                waited,
+                self.clock.now(),
+                self.memory.clone(),
+            ));
         }
     }
 
@@ -215,25 +217,6 @@ impl Locker {
                 owner: e.owner,
                 info: e.holder,
             }))
-    }
-
-    pub(crate) fn remember(hints: &Mutex<HashMap<String, Hint>>, key: &str, hint: Option<Hint>) {
-        let Ok(mut hints) = hints.lock() else { return };
-        match hint {
-            Some(t) => {
-                if hints.len() >= MAX_HINTS && !hints.contains_key(key) {
-                    hints.clear();
-                }
-                hints.insert(key.to_owned(), t);
-            }
-            None => {
-                hints.remove(key);
-            }
-        }
-    }
-
-    fn hint(&self, key: &str) -> Option<Hint> {
-        self.hints.lock().ok()?.get(key).cloned()
     }
 
     async fn read_with_retry(&self, key: &str, give_up: Instant) -> Result<Snapshot, Error> {
@@ -276,16 +259,6 @@ async fn retry_pause(
         }
     }
     Err(failure.into_error())
-}
-
-/// What a client remembers of its own last release of a key: every row with a lower ticket was
-/// gone when it was granted, and rows with lower tickets can never appear later (issuance and
-/// insertion are one transaction), so if the counter still stands at `ticket` *and was last
-/// moved by us* the queue is empty.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Hint {
-    pub ticket: u64,
-    pub owner: String,
 }
 
 /// The state of one `acquire` call.
@@ -416,7 +389,7 @@ impl Attempt<'_> {
             .await?;
         self.max_seen = self
             .max_seen
-            .max(snap.counter.unwrap_or(0))
+            .max(snap.counter.as_ref().map_or(0, |c| c.last))
             .max(snap.rows.last().map_or(0, |r| r.ticket));
         let mut first_live = None;
         for row in snap
@@ -487,15 +460,36 @@ impl Attempt<'_> {
         }
     }
 
+    /// Creates the key's missing counter at the highest ticket seen (someone else may create it
+    /// first: fine, the next read sees theirs).
+    async fn create_counter(&self, owner: &str, give_up: Instant) -> Result<(), Error> {
+        let mut failures = 0;
+        loop {
+            match self
+                .locker
+                .store
+                .create_counter(self.key, self.max_seen, owner)
+                .await
+            {
+                Ok(created) => {
+                    tracing::debug!(
+                        key = self.key,
+                        last = self.max_seen,
+                        created,
+                        "counter created"
+                    );
+                    return Ok(());
+                }
+                Err(f) => {
+                    failures += 1;
+                    retry_pause(f, failures, give_up, &*self.locker.clock).await?;
+                }
+            }
+        }
+    }
+
     /// Builds the request for `ticket` (conditioned on the counter being `counter`).
-    fn prepare(
-        &self,
-        owner: &str,
-        ticket: u64,
-        counter: Option<u64>,
-        counter_owner: Option<String>,
-        clear: bool,
-    ) -> Prepared {
+    fn prepare(&self, owner: &str, ticket: u64, counter: Counter, clear: bool) -> Prepared {
         let opts = self.opts;
         let clock = &*self.locker.clock;
         let first_sent = clock.now();
@@ -519,7 +513,6 @@ impl Attempt<'_> {
                 key: self.key.to_owned(),
                 ticket,
                 counter,
-                counter_owner,
                 row: row.to_item(),
                 owner: owner.to_owned(),
                 token: format!("{owner}{ticket:016x}"),
@@ -544,8 +537,14 @@ impl Attempt<'_> {
             tickets: Vec::new(),
         };
         // (counter as read, where it came from, the queue was clear)
-        let hint = self.locker.hint(self.key);
-        let mut expected = hint.as_ref().map(|h| (Some(h.ticket), Source::Hint, true));
+        let hint = self.locker.memory.hint(self.key);
+        let mut expected = hint.as_ref().map(|h| {
+            let counter = Counter {
+                last: h.ticket,
+                owner: Some(h.owner.clone()),
+            };
+            (counter, Source::Hint, true)
+        });
         // Our own last ticket counts as seen: even a counter deleted by hand after we released
         // cannot make this process take a lower one.
         self.max_seen = self.max_seen.max(hint.as_ref().map_or(0, |h| h.ticket));
@@ -553,7 +552,7 @@ impl Attempt<'_> {
         let mut failures = 0;
         let give_up = self.retry_budget();
         loop {
-            let (counter, source, clear) = match expected {
+            let (counter, source, clear) = match expected.clone() {
                 Some(e) => e,
                 None => {
                     let (snap, live) = self.survey(None).await?;
@@ -571,30 +570,28 @@ impl Attempt<'_> {
                         if self.now() >= self.started + row_lease * 2 + opts.max_poll {
                             return Err(self.busy(live.as_ref()));
                         }
-                        let pause = poll_interval(1, 0, opts.poll, opts.max_poll, clock.jitter());
+                        let pause =
+                            poll_interval(1, None, 0, opts.poll, opts.max_poll, clock.jitter());
                         tokio::time::sleep(pause).await;
                         continue;
                     }
-                    let counter = snap.counter;
+                    let Some(counter) = snap.counter.clone() else {
+                        // No counter (a new key, or one deleted by hand): create it at the
+                        // highest ticket seen and read again. Never enqueue on "no counter".
+                        self.create_counter(&owner, give_up).await?;
+                        continue;
+                    };
+                    // The counter condition proves nobody queued since this read: with no live
+                    // row in it, the key is ours as soon as our row is in.
                     let e = (counter, Source::Read, live.is_none());
-                    expected = Some(e);
+                    expected = Some(e.clone());
                     e
                 }
             };
-            let ticket = counter.unwrap_or(0).max(self.max_seen) + 1;
-            let counter_owner = match (source, &hint) {
-                (Source::Hint, Some(h)) => Some(h.owner.clone()),
-                _ => None,
-            };
+            let ticket = counter.last.max(self.max_seen) + 1;
             let p = match prepared.take() {
-                Some(p)
-                    if p.request.ticket == ticket
-                        && p.request.counter == counter
-                        && p.request.counter_owner == counter_owner =>
-                {
-                    p
-                }
-                _ => self.prepare(&owner, ticket, counter, counter_owner, clear),
+                Some(p) if p.request.ticket == ticket && p.request.counter == counter => p,
+                _ => self.prepare(&owner, ticket, counter, clear),
             };
             if !in_flight.tickets.contains(&ticket) {
                 in_flight.tickets.push(ticket);
@@ -630,12 +627,13 @@ impl Attempt<'_> {
                 Ok(Enqueue::CounterAt(current)) => {
                     // Definite: nothing was written at this ticket.
                     in_flight.tickets.retain(|&t| t != ticket);
-                    self.max_seen = self.max_seen.max(current.unwrap_or(0));
-                    if source == Source::Hint {
-                        // Our hint is old: others used the key since. Look before queueing.
+                    self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
+                    let Some(current) = current.filter(|_| source == Source::Read) else {
+                        // Our hint is old (others used the key since), or the counter is gone:
+                        // look before queueing.
                         expected = None;
                         continue;
-                    }
+                    };
                     if opts.wait == Wait::NoWait {
                         // Someone enqueued between our read and our write: they are ahead.
                         return Err(self.busy(None));
@@ -680,11 +678,84 @@ impl Attempt<'_> {
         }
     }
 
-    /// Polls until no live row is ahead of ours. `None`: our row was removed meanwhile (we were
+    /// Looks below our row: one `Query` of the rows at or below our ticket, nearest first (one
+    /// read unit whatever the queue's length), going further only past stale rows, which it
+    /// removes. Says whether our row is still there, and who is ahead.
+    async fn look(&mut self, m: &Membership) -> Result<Look, Error> {
+        let give_up = self.retry_budget();
+        let mut start = None;
+        let mut first = true;
+        loop {
+            let mut failures = 0;
+            let (items, next) = loop {
+                match self
+                    .locker
+                    .store
+                    .read_below(self.key, m.ticket, LOOK_LIMIT, start.clone())
+                    .await
+                {
+                    Ok(page) => break page,
+                    Err(f) => {
+                        failures += 1;
+                        retry_pause(f, failures, give_up, &*self.locker.clock).await?;
+                    }
+                }
+            };
+            for (i, item) in items.iter().enumerate() {
+                let row = QueueRow::from_item(self.key, item)?;
+                if first {
+                    first = false;
+                    if row.ticket == m.ticket && *row.owner == *m.owner {
+                        continue;
+                    }
+                    return Ok(Look::Removed);
+                }
+                let live = match self.judge(&row) {
+                    Verdict::Live => true,
+                    Verdict::Stale => {
+                        let outcome = self.delete_stale(&row).await?;
+                        tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
+                        outcome == StaleDelete::Revived
+                    }
+                };
+                if live {
+                    // Rows read below it are counted as ahead too (not judged: they are its
+                    // business); a full page means there may be more.
+                    let ahead = items.len() - i + usize::from(next.is_some());
+                    return Ok(Look::Behind { row, ahead });
+                }
+            }
+            if first {
+                return Ok(Look::Removed);
+            }
+            match next {
+                Some(k) => start = Some(k),
+                None => return Ok(Look::Clear),
+            }
+        }
+    }
+
+    /// Waits until no live row is ahead of ours. `None`: our row was removed meanwhile (we were
     /// judged dead) and we must queue again.
+    ///
+    /// Each look costs one read unit (see [`Attempt::look`]); how often it looks follows its
+    /// place and the key's usual hold time ([`poll_interval`]); a release by this same process
+    /// wakes it at once.
     async fn wait_turn(&mut self, m: Membership) -> Result<Option<Membership>, Error> {
         let mut lost = m.subscribe();
-        let mut last_place = usize::MAX;
+        let wake = self.locker.memory.waiting(self.key);
+        let result = self.wait_turn_inner(m, &mut lost, &wake).await;
+        self.locker.memory.done_waiting(self.key, wake);
+        result
+    }
+
+    async fn wait_turn_inner(
+        &mut self,
+        m: Membership,
+        lost: &mut tokio::sync::watch::Receiver<RowState>,
+        wake: &tokio::sync::Notify,
+    ) -> Result<Option<Membership>, Error> {
+        let mut last_ahead = usize::MAX;
         let mut still_polls = 0;
         loop {
             if let RowState::Lost(reason) = m.state() {
@@ -692,35 +763,39 @@ impl Attempt<'_> {
                 drop(m.leave().await);
                 return Ok(None);
             }
-            let (snap, first_live) = match self.survey(Some(m.ticket)).await {
-                Ok(s) => s,
+            // Listen before looking, so a release between the look and the sleep is not missed.
+            let woken = wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let look = match self.look(&m).await {
+                Ok(l) => l,
                 Err(e) => {
                     drop(m.leave().await);
                     return Err(e);
                 }
             };
-            let ours = snap
-                .rows
-                .iter()
-                .any(|r| r.ticket == m.ticket && *r.owner == *m.owner);
-            if !ours {
-                tracing::warn!(
-                    key = self.key,
-                    ticket = m.ticket,
-                    "our queue row was removed while waiting; queueing again"
-                );
-                drop(m.leave().await);
-                return Ok(None);
-            }
-            let Some(head) = first_live else {
-                if let RowState::Lost(reason) = m.state() {
-                    // Our own lease ran out while we looked: we may already have been passed over.
-                    tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lease ran out just before the grant; queueing again");
+            let (head, ahead) = match look {
+                Look::Removed => {
+                    tracing::warn!(
+                        key = self.key,
+                        ticket = m.ticket,
+                        "our queue row was removed while waiting; queueing again"
+                    );
                     drop(m.leave().await);
                     return Ok(None);
                 }
-                m.mark_granted();
-                return Ok(Some(m));
+                Look::Clear => {
+                    if let RowState::Lost(reason) = m.state() {
+                        // Our own lease ran out while we looked: we may already have been passed
+                        // over.
+                        tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lease ran out just before the grant; queueing again");
+                        drop(m.leave().await);
+                        return Ok(None);
+                    }
+                    m.mark_granted();
+                    return Ok(Some(m));
+                }
+                Look::Behind { row, ahead } => (row, ahead),
             };
             if self.timed_out() {
                 if let Err(e) = m.leave().await {
@@ -728,19 +803,15 @@ impl Attempt<'_> {
                 }
                 return Err(self.busy(Some(&head)));
             }
-            let ahead = snap
-                .rows
-                .iter()
-                .filter(|r| r.ticket >= head.ticket && r.ticket < m.ticket)
-                .count();
-            still_polls = if ahead < last_place {
+            still_polls = if ahead < last_ahead {
                 0
             } else {
                 still_polls + 1
             };
-            last_place = ahead;
+            last_ahead = ahead;
             let mut pause = poll_interval(
                 ahead,
+                self.locker.memory.hold(self.key),
                 still_polls,
                 self.opts.poll,
                 self.opts.max_poll,
@@ -752,10 +823,25 @@ impl Attempt<'_> {
             tokio::select! {
                 biased;
                 _ = lost.wait_for(|s| matches!(s, RowState::Lost(_))) => {}
+                _ = &mut woken => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }
     }
+}
+
+/// Rows read per look: ours and up to seven ahead, one read unit (rows are a few hundred bytes).
+/// The place is exact up to seven ahead and a lower bound beyond.
+const LOOK_LIMIT: u32 = 8;
+
+/// What one look below our row found.
+enum Look {
+    /// Our row is gone (passed over as dead, swept, deleted by hand).
+    Removed,
+    /// No live row ahead: the key is ours.
+    Clear,
+    /// `row` is the nearest live row ahead; about `ahead` rows are ahead in all.
+    Behind { row: QueueRow, ahead: usize },
 }
 
 #[cfg(test)]
@@ -768,22 +854,5 @@ mod tests {
         assert_eq!(a.len(), 20);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, new_id(&SystemClock));
-    }
-
-    #[test]
-    fn hints_are_bounded() {
-        let hints = Mutex::new(HashMap::new());
-        let hint = || {
-            Some(Hint {
-                ticket: 1,
-                owner: "o".into(),
-            })
-        };
-        for i in 0..(MAX_HINTS + 10) {
-            Locker::remember(&hints, &format!("k{i}"), hint());
-        }
-        assert!(hints.lock().unwrap().len() <= MAX_HINTS);
-        Locker::remember(&hints, "k1", None);
-        assert!(!hints.lock().unwrap().contains_key("k1"));
     }
 }

@@ -91,7 +91,10 @@ mod tests {
     #[test]
     fn queue_entries_name_holder_waiters_and_stale_rows() {
         let snap = Snapshot {
-            counter: Some(4),
+            counter: Some(crate::schema::Counter {
+                last: 4,
+                owner: None,
+            }),
             rows: vec![row(1, 500), row(2, 5_000), row(3, 5_000), row(4, 1_900)],
         };
         let entries = QueueEntry::classify(snap, 2_000, Duration::from_millis(200));

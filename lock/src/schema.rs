@@ -209,12 +209,21 @@ pub fn n(v: impl std::fmt::Display) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
+/// A key's counter as read: the last ticket issued, and who issued it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counter {
+    /// `last`.
+    pub last: u64,
+    /// `lastOwner` (absent on counters written before it existed, or set by hand).
+    pub owner: Option<String>,
+}
+
 /// What a key's partition holds: the counter and the queue in ticket order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The counter's `last`; `None` when there is no counter item (the key was never used, or
-    /// the counter was deleted by hand).
-    pub counter: Option<u64>,
+    /// The counter; `None` when there is no counter item (the key was never used, or the
+    /// counter was deleted by hand).
+    pub counter: Option<Counter>,
     /// Queue rows, in ticket order.
     pub rows: Vec<QueueRow>,
 }
@@ -229,7 +238,13 @@ impl Snapshot {
         for item in items {
             let sk = get_s(key, item, SK)?;
             if sk == COUNTER_SK {
-                snap.counter = Some(get_u64(key, item, LAST)?);
+                snap.counter = Some(Counter {
+                    last: get_u64(key, item, LAST)?,
+                    owner: match item.get(LAST_OWNER) {
+                        Some(AttributeValue::S(o)) => Some(o.clone()),
+                        _ => None,
+                    },
+                });
             } else if sk.starts_with(QUEUE_PREFIX) {
                 snap.rows.push(QueueRow::from_item(key, item)?);
             }
@@ -454,7 +469,7 @@ mod tests {
         counter.insert(LAST.into(), n(12));
         let items = [row(12), counter, row(3)];
         let snap = Snapshot::from_items("k", &items).unwrap();
-        assert_eq!(snap.counter, Some(12));
+        assert_eq!(snap.counter.map(|c| c.last), Some(12));
         assert_eq!(
             snap.rows.iter().map(|r| r.ticket).collect::<Vec<_>>(),
             [3, 12]

@@ -26,7 +26,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, Error};
-use crate::schema::{Snapshot, COUNTER_SK, PK, SK};
+use crate::schema::{Counter, Snapshot, COUNTER_SK, PK, SK};
 
 /// A DynamoDB item: attribute name to value.
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -40,6 +40,8 @@ pub(crate) enum Request {
         key: String,
         /// `ExclusiveStartKey` of this page; `None` for the first page.
         start: Option<Item>,
+        /// The whole partition in order, or only the rows at or below a ticket, nearest first.
+        range: Range,
     },
     /// The atomic enqueue transaction (see [`EnqueueRequest`]).
     Enqueue(EnqueueRequest),
@@ -54,6 +56,20 @@ pub(crate) enum Request {
     },
     /// `UpdateItem` renewing our row (see [`Beat`]).
     Heartbeat(Beat),
+    /// `PutItem` of a key's counter, only if it does not exist (`attribute_not_exists(pk)`).
+    ///
+    /// An enqueue conditioned on "there is no counter" would be unsafe: by the time it lands,
+    /// others may have queued and been granted, and the counter been deleted (by hand) again, so
+    /// its ticket, taken from an older read, could fall below theirs. So a missing counter is
+    /// first created, at the highest ticket seen, and the queue read again.
+    CreateCounter {
+        /// Lock key.
+        key: String,
+        /// `last`: the highest ticket seen on the key.
+        last: u64,
+        /// `lastOwner`: our owner id.
+        owner: String,
+    },
     /// `DeleteItem` of our own row, conditioned on `owner`.
     DeleteOwned {
         /// Lock key.
@@ -74,8 +90,25 @@ impl Request {
             Request::Enqueue(_) => "TransactWriteItems",
             Request::DeleteStale { .. } | Request::DeleteOwned { .. } => "DeleteItem",
             Request::Heartbeat(_) => "UpdateItem",
+            Request::CreateCounter { .. } => "PutItem",
         }
     }
+}
+
+/// What a [`Request::Query`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Range {
+    /// The counter and every row, in sort-key order, in pages of up to 1 MB.
+    All,
+    /// Queue rows with tickets at or below `ticket`, highest first (`ScanIndexForward = false`),
+    /// at most `limit` a page. A waiter's poll: its own row, then the nearest rows ahead of it.
+    /// One read unit whatever the queue's length; it goes further only past stale rows.
+    Below {
+        /// Highest ticket read (the waiter's own).
+        ticket: u64,
+        /// `Limit`.
+        limit: u32,
+    },
 }
 
 /// `TransactWriteItems` of two items: the key's counter moves from `counter` to `ticket`, and our
@@ -89,12 +122,11 @@ pub(crate) struct EnqueueRequest {
     /// counter that was deleted or lowered by hand cannot hand out a ticket that is already
     /// queued (or, worse, one below the holder's).
     pub ticket: u64,
-    /// The counter's `last` as we read it; `None`: there is no counter item. The counter update
-    /// is conditioned on exactly this.
-    pub counter: Option<u64>,
-    /// Also require the counter's `lastOwner` to be this (an enqueue from a hint: see
-    /// [`crate::schema::LAST_OWNER`]).
-    pub counter_owner: Option<String>,
+    /// The counter as we read it (or as our hint says it is). The counter update is conditioned
+    /// on exactly this: `last` *and* `lastOwner` (see [`crate::schema::LAST_OWNER`]), so a counter
+    /// set back by hand does not pass for one nobody touched. There is always a counter: an
+    /// enqueue never bets on its absence (see [`Request::CreateCounter`]).
+    pub counter: Counter,
     /// The full queue row.
     pub row: Item,
     /// Our owner id (also inside `row`).
@@ -144,16 +176,18 @@ pub(crate) enum Response {
     Renewal(Renewal),
     /// Outcome of [`Request::DeleteOwned`].
     Owned(Owned),
+    /// Outcome of [`Request::CreateCounter`]: `true` if we created it, `false` if one existed.
+    Created(bool),
 }
 
 /// Result of the atomic enqueue transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Enqueue {
     /// The counter moved and our row was put, atomically.
     Done,
-    /// The counter was not as expected; this is what it holds (`None`: no counter item).
+    /// The counter was not as expected; this is what it holds (`None`: it is gone).
     /// Nothing was written.
-    CounterAt(Option<u64>),
+    CounterAt(Option<Counter>),
     /// Our row with this ticket already exists: an earlier, ambiguous attempt committed.
     AlreadyOurs,
     /// The counter was as expected but a row that is not ours has our ticket: the counter was
@@ -296,6 +330,7 @@ impl Store {
             let request = Request::Query {
                 key: key.to_owned(),
                 start,
+                range: Range::All,
             };
             match self.call(request).await? {
                 Response::Page { items: page, next } => {
@@ -311,10 +346,46 @@ impl Store {
         Snapshot::from_items(key, &items).map_err(Failure::Fatal)
     }
 
+    /// One page of the rows at or below `ticket`, nearest first, and where the next page starts.
+    pub(crate) async fn read_below(
+        &self,
+        key: &str,
+        ticket: u64,
+        limit: u32,
+        start: Option<Item>,
+    ) -> Result<(Vec<Item>, Option<Item>), Failure> {
+        let request = Request::Query {
+            key: key.to_owned(),
+            start,
+            range: Range::Below { ticket, limit },
+        };
+        match self.call(request).await? {
+            Response::Page { items, next } => Ok((items, next.filter(|k| !k.is_empty()))),
+            other => Err(Self::wrong("Query", other)),
+        }
+    }
+
     pub(crate) async fn enqueue(&self, request: &EnqueueRequest) -> Result<Enqueue, Failure> {
         match self.call(Request::Enqueue(request.clone())).await? {
             Response::Enqueue(e) => Ok(e),
             other => Err(Self::wrong("TransactWriteItems", other)),
+        }
+    }
+
+    pub(crate) async fn create_counter(
+        &self,
+        key: &str,
+        last: u64,
+        owner: &str,
+    ) -> Result<bool, Failure> {
+        let request = Request::CreateCounter {
+            key: key.to_owned(),
+            last,
+            owner: owner.to_owned(),
+        };
+        match self.call(request).await? {
+            Response::Created(c) => Ok(c),
+            other => Err(Self::wrong("PutItem", other)),
         }
     }
 

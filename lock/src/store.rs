@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
@@ -23,7 +24,7 @@ use futures::future::BoxFuture;
 use crate::error::{BoxError, Error};
 use crate::schema::{self, n, s, PK};
 use crate::storage::{
-    counter_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Renewal, Request,
+    counter_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal, Request,
     Response, StaleDelete, Storage,
 };
 
@@ -39,7 +40,7 @@ impl Storage for Dynamo {
         let this = self.clone();
         Box::pin(async move {
             match request {
-                Request::Query { key, start } => this.query(&key, start).await,
+                Request::Query { key, start, range } => this.query(&key, start, range).await,
                 Request::Enqueue(r) => this.enqueue(&r).await.map(Response::Enqueue),
                 Request::DeleteStale { key, ticket, rvn } => this
                     .delete_stale(&key, ticket, &rvn)
@@ -50,6 +51,10 @@ impl Storage for Dynamo {
                     .delete_owned(&key, ticket, &owner)
                     .await
                     .map(Response::Owned),
+                Request::CreateCounter { key, last, owner } => this
+                    .create_counter(&key, last, &owner)
+                    .await
+                    .map(Response::Created),
             }
         })
     }
@@ -76,19 +81,27 @@ impl Dynamo {
         &self,
         key: &str,
         start: Option<crate::storage::Item>,
+        range: Range,
     ) -> Result<Response, Failure> {
-        let out = self
+        let mut query = self
             .client
             .query()
             .table_name(&*self.table)
-            .key_condition_expression("#pk = :pk")
             .expression_attribute_names("#pk", PK)
             .expression_attribute_values(":pk", s(key))
             .consistent_read(true)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .map_err(|e| self.classify("Query", e))?;
+            .set_exclusive_start_key(start);
+        query = match range {
+            Range::All => query.key_condition_expression("#pk = :pk"),
+            Range::Below { ticket, limit } => query
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
+                .expression_attribute_names("#sk", schema::SK)
+                .expression_attribute_values(":lo", s(&schema::queue_sk(0)))
+                .expression_attribute_values(":hi", s(&schema::queue_sk(ticket)))
+                .scan_index_forward(false)
+                .limit(i32::try_from(limit).unwrap_or(i32::MAX)),
+        };
+        let out = query.send().await.map_err(|e| self.classify("Query", e))?;
         Ok(Response::Page {
             items: out.items.unwrap_or_default(),
             next: out.last_evaluated_key.filter(|k| !k.is_empty()),
@@ -103,17 +116,15 @@ impl Dynamo {
             (":next".to_owned(), n(r.ticket)),
             (":owner".to_owned(), s(&r.owner)),
         ]);
-        let mut condition = match r.counter {
-            None => "attribute_not_exists(#last)".to_owned(),
-            Some(last) => {
-                values.insert(":expected".into(), n(last));
-                "#last = :expected".to_owned()
+        let c = &r.counter;
+        values.insert(":expected".into(), n(c.last));
+        let condition = match &c.owner {
+            Some(o) => {
+                values.insert(":by".into(), s(o));
+                "#last = :expected AND #by = :by"
             }
+            None => "#last = :expected AND attribute_not_exists(#by)",
         };
-        if let Some(o) = &r.counter_owner {
-            values.insert(":by".into(), s(o));
-            condition.push_str(" AND #by = :by");
-        }
         let counter = Update::builder()
             .table_name(&*self.table)
             .set_key(Some(counter_key(&r.key)))
@@ -176,6 +187,29 @@ impl Dynamo {
             return Ok(Enqueue::Conflict);
         }
         Err(self.classify("TransactWriteItems", err))
+    }
+
+    /// Puts a key's counter if it has none.
+    async fn create_counter(&self, key: &str, last: u64, owner: &str) -> Result<bool, Failure> {
+        let mut item = counter_key(key);
+        item.insert(schema::LAST.into(), n(last));
+        item.insert(schema::LAST_OWNER.into(), s(owner));
+        let result = self
+            .client
+            .put_item()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) => match e.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.classify("PutItem", e)),
+            },
+        }
     }
 
     /// Deletes a row we judged stale, only if it still carries the `rvn` we judged.

@@ -48,7 +48,8 @@ fn row(key: &str, ticket: u64, owner: &str, rvn: &str, until: i64) -> Item {
 
 /// A random request; `sent` remembers enqueues so some tokens are reused. Tokens carry `run`:
 /// DynamoDB remembers them per account for 10 minutes, across tables and test runs.
-fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32) -> Request {
+/// Half the enqueues and owned deletes aim at what `model` holds, so they succeed often enough.
+fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &Table) -> Request {
     let key = format!("k{}", rng.random_range(0..2));
     let ticket = rng.random_range(1..=5);
     let owner = pick(rng, &OWNERS);
@@ -62,15 +63,20 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32) -> Reques
                 }
                 return Request::Enqueue(again);
             }
-            let counter = match rng.random_range(0..4) {
-                0 => None,
-                _ => Some(rng.random_range(0..=5)),
+            let actual = crate::schema::Snapshot::from_items(&key, &model.partition(&key))
+                .ok()
+                .and_then(|s| s.counter);
+            let counter = match actual {
+                Some(c) if rng.random_bool(0.5) => c,
+                _ => crate::schema::Counter {
+                    last: rng.random_range(0..=5),
+                    owner: rng.random_bool(0.7).then(|| pick(rng, &OWNERS).to_owned()),
+                },
             };
             let r = EnqueueRequest {
                 key: key.clone(),
                 ticket,
                 counter,
-                counter_owner: rng.random_bool(0.3).then(|| pick(rng, &OWNERS).to_owned()),
                 row: row(&key, ticket, owner, pick(rng, &RVNS), 1_000),
                 owner: owner.to_owned(),
                 token: format!("{run:08x}-{:08x}", rng.random::<u32>()),
@@ -92,12 +98,41 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32) -> Reques
             ticket,
             rvn: pick(rng, &RVNS).to_owned(),
         },
-        8 => Request::DeleteOwned {
+        8 if rng.random_bool(0.3) => Request::CreateCounter {
             key,
-            ticket,
+            last: rng.random_range(0..=5),
             owner: owner.to_owned(),
         },
-        _ => Request::Query { key, start: None },
+        8 => {
+            let row = crate::schema::Snapshot::from_items(&key, &model.partition(&key))
+                .ok()
+                .and_then(|s| s.rows.first().cloned())
+                .filter(|_| rng.random_bool(0.5));
+            match row {
+                Some(r) => Request::DeleteOwned {
+                    key,
+                    ticket: r.ticket,
+                    owner: r.owner,
+                },
+                None => Request::DeleteOwned {
+                    key,
+                    ticket,
+                    owner: owner.to_owned(),
+                },
+            }
+        }
+        _ => Request::Query {
+            key,
+            start: None,
+            range: if rng.random_bool(0.5) {
+                crate::storage::Range::All
+            } else {
+                crate::storage::Range::Below {
+                    ticket,
+                    limit: rng.random_range(1..=3),
+                }
+            },
+        },
     }
 }
 
@@ -105,7 +140,13 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32) -> Reques
 /// kind and, for fatal ones, by the service's error code.
 fn normalize(result: &Result<Response, Failure>) -> String {
     match result {
-        Ok(Response::Page { items, .. }) => format!("page {:?}", sorted(items)),
+        Ok(Response::Page { items, next }) => {
+            format!(
+                "page {:?} next {:?}",
+                sorted(items),
+                next.as_ref().map(|n| sorted(std::slice::from_ref(n)))
+            )
+        }
         Ok(other) => format!("{other:?}"),
         Err(Failure::Retry { .. }) => "retry".into(),
         Err(Failure::Fatal(e)) => {
@@ -158,7 +199,7 @@ async fn the_model_answers_as_dynamodb_local_does() {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut sent = Vec::new();
         for step in 0..150 {
-            let req = request(&mut rng, &mut sent, run);
+            let req = request(&mut rng, &mut sent, run, &model);
             let real = dynamo.call(req.clone()).await;
             let modeled = model.apply(&req, Instant::now());
             let (a, b) = (normalize(&real), normalize(&modeled));
@@ -174,6 +215,7 @@ async fn the_model_answers_as_dynamodb_local_does() {
                 .call(Request::Query {
                     key: key.into(),
                     start: None,
+                    range: crate::storage::Range::All,
                 })
                 .await;
             let Ok(Response::Page { items, .. }) = real else {
@@ -202,6 +244,8 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "StaleDelete(Revived)",
         "Owned(Yes)",
         "Owned(No)",
+        "Created(true)",
+        "Created(false)",
         "fatal IdempotentParamete",
     ] {
         assert!(

@@ -27,7 +27,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::schema::{self, COUNTER_SK, PK, SK};
+use crate::schema::{self, Snapshot, COUNTER_SK, PK, SK};
 use crate::storage::{
     EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, StaleDelete,
 };
@@ -214,7 +214,12 @@ impl Table {
     /// Applies one request at server instant `now`.
     pub(crate) fn apply(&mut self, request: &Request, now: Instant) -> Result<Response, Failure> {
         match request {
-            Request::Query { key, start } => Ok(self.query(key, start.as_ref())),
+            Request::Query { key, start, range } => Ok(match range {
+                crate::storage::Range::All => self.query(key, start.as_ref()),
+                crate::storage::Range::Below { ticket, limit } => {
+                    self.query_below(key, start.as_ref(), *ticket, *limit)
+                }
+            }),
             Request::Enqueue(r) => self.enqueue(r, now),
             Request::DeleteStale { key, ticket, rvn } => {
                 let sk = schema::queue_sk(*ticket);
@@ -266,6 +271,13 @@ impl Table {
                 self.put(item, now);
                 Ok(Response::Renewal(Renewal::Renewed))
             }
+            Request::CreateCounter { key, last, owner } => {
+                if self.get(key, COUNTER_SK).is_some() {
+                    return Ok(Response::Created(false));
+                }
+                self.set_counter(key, *last, Some(owner), now);
+                Ok(Response::Created(true))
+            }
             Request::DeleteOwned { key, ticket, owner } => {
                 let sk = schema::queue_sk(*ticket);
                 let ours = self
@@ -303,16 +315,42 @@ impl Table {
         Response::Page { items, next }
     }
 
+    /// Rows at or below `ticket`, highest first, `limit` a page. As DynamoDB does, a page that
+    /// reaches its `Limit` carries a `LastEvaluatedKey` even when nothing follows.
+    fn query_below(&self, key: &str, start: Option<&Item>, ticket: u64, limit: u32) -> Response {
+        let hi = schema::queue_sk(ticket);
+        let lo = schema::queue_sk(0);
+        let before = start.and_then(|s| string(s, SK)).map(str::to_owned);
+        let items: Vec<Item> = self
+            .items
+            .range((key.to_owned(), lo)..=(key.to_owned(), hi))
+            .rev()
+            .filter(|((_, sk), _)| before.as_ref().is_none_or(|b| sk < b))
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|(_, s)| s.item.clone())
+            .collect();
+        let full = items.len() >= usize::try_from(limit).unwrap_or(usize::MAX);
+        let next = match (full, items.last()) {
+            (true, Some(last)) => pk_sk(last).map(|(pk, sk)| {
+                HashMap::from([
+                    (PK.to_owned(), AttributeValue::S(pk)),
+                    (SK.to_owned(), AttributeValue::S(sk)),
+                ])
+            }),
+            _ => None,
+        };
+        Response::Page { items, next }
+    }
+
     /// The counter half of the enqueue transaction: its condition, and the cancellation reason.
     fn counter_check(&self, r: &EnqueueRequest) -> (bool, Option<Item>) {
         let counter = self.get(&r.key, COUNTER_SK).cloned();
         let last = counter.as_ref().and_then(|c| num(c, schema::LAST));
-        let ok = match r.counter {
-            None => last.is_none(),
-            Some(expected) => last == i64::try_from(expected).ok(),
-        } && r.counter_owner.as_ref().is_none_or(|o| {
-            counter.as_ref().and_then(|c| string(c, schema::LAST_OWNER)) == Some(o.as_str())
-        });
+        let by = counter
+            .as_ref()
+            .and_then(|c| string(c, schema::LAST_OWNER))
+            .map(str::to_owned);
+        let ok = last == i64::try_from(r.counter.last).ok() && by == r.counter.owner;
         (ok, counter)
     }
 
@@ -384,9 +422,12 @@ impl Table {
     ) -> Result<Response, bool> {
         let (ok, counter) = self.counter_check(r);
         if !ok {
-            let last = counter.as_ref().and_then(|c| num(c, schema::LAST));
+            let current = counter
+                .as_ref()
+                .and_then(|c| Snapshot::from_items(&r.key, [c]).ok())
+                .and_then(|s| s.counter);
             return Ok(Response::Enqueue(crate::storage::Enqueue::CounterAt(
-                last.and_then(|l| u64::try_from(l).ok()),
+                current,
             )));
         }
         self.set_counter(&r.key, r.ticket, Some(&r.owner), now);

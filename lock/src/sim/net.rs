@@ -249,17 +249,25 @@ async fn deliver_in_two_writes(
 /// A short description of a request, for traces.
 pub(crate) fn describe(r: &Request) -> String {
     match r {
-        Request::Query { key, start } => {
-            format!(
-                "Query({key}{})",
-                if start.is_some() { ", next page" } else { "" }
-            )
-        }
+        Request::Query { key, start, range } => format!(
+            "Query({key}{}{})",
+            match range {
+                crate::storage::Range::All => String::new(),
+                crate::storage::Range::Below { ticket, limit } => {
+                    format!(" <= t{ticket} desc limit {limit}")
+                }
+            },
+            if start.is_some() { ", next page" } else { "" }
+        ),
         Request::Enqueue(e) => format!(
-            "Enqueue({} t{} counter {:?} owner {})",
+            "Enqueue({} t{} counter {} by {} owner {})",
             e.key,
             e.ticket,
-            e.counter,
+            e.counter.last,
+            e.counter
+                .owner
+                .as_deref()
+                .map_or("-", |o| &o[..6.min(o.len())]),
             &e.owner[..6.min(e.owner.len())]
         ),
         Request::DeleteStale { key, ticket, rvn } => {
@@ -276,6 +284,7 @@ pub(crate) fn describe(r: &Request) -> String {
             &b.rvn[..6.min(b.rvn.len())]
         ),
         Request::DeleteOwned { key, ticket, .. } => format!("DeleteOwned({key} t{ticket})"),
+        Request::CreateCounter { key, last, .. } => format!("CreateCounter({key} at {last})"),
     }
 }
 
@@ -290,6 +299,7 @@ fn describe_response(r: &Response) -> String {
         Response::StaleDelete(o) => format!("{o:?}"),
         Response::Renewal(o) => format!("{o:?}"),
         Response::Owned(o) => format!("{o:?}"),
+        Response::Created(c) => format!("created: {c}"),
     }
 }
 

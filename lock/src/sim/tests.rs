@@ -97,8 +97,8 @@ fn seeded_schedules_hold_every_guarantee() {
     }
 }
 
-/// Schedules the simulator once flagged (each time a gap in the checker, not in the protocol),
-/// named for what they exercise. Each must still contain its marker event: a change to the
+/// Schedules the simulator once flagged, named for what they exercise: two protocol bugs
+/// (fixed), the others gaps in the checker. Each must still contain its marker event: a change to the
 /// scenario generator that loses the schedule fails here, and a new seed is picked with
 /// `replay`, instead of the test silently checking something else.
 #[test]
@@ -107,7 +107,13 @@ fn named_schedules_hold() {
         all_clock_free: true,
         ..Knobs::default()
     };
-    let named: [(u64, Knobs, &str, &str); 5] = [
+    let named: [(u64, Knobs, &str, &str); 7] = [
+        (1411, Knobs::default(), "OPERATOR deletes the counter",
+         "protocol bug, fixed: an enqueue read 'no counter, queue clear', its answer was lost, \
+          others queued and the counter was deleted again; the retry landed and was granted"),
+        (2022, Knobs::default(), "OPERATOR deletes the counter",
+         "protocol bug, fixed: an enqueue on 'no counter' took a ticket below a row granted \
+          meanwhile; only its own rows below were looked at, so it was granted beside it"),
         (121, Knobs::default(), "OPERATOR deletes row",
          "an operator deletes a waiting row; its owner may be granted on a read from just before"),
         (141, Knobs::default(), "cancels its acquisition",
@@ -176,7 +182,7 @@ fn a_stale_delete_without_its_rvn_condition_is_caught() {
         mutation: Some(Mutation::UnconditionalStaleDelete),
         ..Knobs::default()
     };
-    caught("stale delete without rvn condition", knobs, 300);
+    caught("stale delete without rvn condition", knobs, 2000);
 }
 
 #[test]
@@ -226,12 +232,14 @@ fn replay() {
 
 // ----- the model's own semantics --------------------------------------------------------------
 
-fn enqueue(key: &str, ticket: u64, counter: Option<u64>, owner: &str, token: &str) -> Request {
+fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
     Request::Enqueue(EnqueueRequest {
         key: key.into(),
         ticket,
-        counter,
-        counter_owner: None,
+        counter: crate::schema::Counter {
+            last: 0,
+            owner: None,
+        },
         row: row_item(key, ticket, owner),
         owner: owner.into(),
         token: token.into(),
@@ -259,7 +267,8 @@ fn row_item(key: &str, ticket: u64, owner: &str) -> crate::storage::Item {
 async fn model_tokens_replay_and_refuse_changed_requests() {
     let now = tokio::time::Instant::now();
     let mut t = Table::new(now, 0);
-    let first = enqueue("k", 1, None, "a", "tok");
+    t.operator_set_counter("k", 0, now);
+    let first = enqueue("k", 1, "a", "tok");
     assert_eq!(
         t.apply(&first, now).unwrap(),
         Response::Enqueue(Enqueue::Done)
@@ -270,7 +279,7 @@ async fn model_tokens_replay_and_refuse_changed_requests() {
         Response::Enqueue(Enqueue::Done)
     );
     // Same token, another request: the mismatch error.
-    let changed = enqueue("k", 1, None, "a2", "tok");
+    let changed = enqueue("k", 1, "a2", "tok");
     let err = t.apply(&changed, now).unwrap_err().describe();
     assert!(err.contains("IdempotentParameterMismatch"), "{err}");
     // After the window the token is forgotten: the request is evaluated again.
@@ -298,6 +307,7 @@ async fn model_pages_a_partition_in_order() {
                 &Request::Query {
                     key: "k".into(),
                     start: start.clone(),
+                    range: crate::storage::Range::All,
                 },
                 now,
             )

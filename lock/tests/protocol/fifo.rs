@@ -74,8 +74,10 @@ async fn uncontended_cycles_reuse_the_hint_and_tokens_keep_rising() {
         g.release().await.unwrap();
     }
     assert_eq!(tokens, [1, 2, 3, 4, 5]);
-    // First cycle: Query + TransactWriteItems + DeleteItem; later cycles skip the Query.
-    assert_eq!(proxy.count("Query"), 1, "{:?}", proxy.counts());
+    // First use of the key: Query, PutItem (the counter), Query, TransactWriteItems, DeleteItem;
+    // later cycles skip the reads: TransactWriteItems + DeleteItem.
+    assert_eq!(proxy.count("Query"), 2, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("PutItem"), 1, "{:?}", proxy.counts());
     assert_eq!(proxy.count("TransactWriteItems"), 5);
     assert_eq!(proxy.count("DeleteItem"), 5);
     // A hint gone stale (someone else used the key) costs a read, never a wrong grant.
