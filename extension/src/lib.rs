@@ -17,7 +17,7 @@
 //! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN |
 //! | `metrics` | CloudWatch EMF lines |
 //! | `body` | streamed bodies, end-of-body notification |
-//! | `peer` | which process the runtime is: one that dies mid-invocation releases at once |
+//! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
 //! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::config`]; user docs, the skip and
 //! error bodies and the metric names are in `extension/README.md`.
@@ -26,6 +26,6 @@ pub mod body;
 pub mod invocations;
 pub mod lifecycle;
 pub mod metrics;
-pub mod peer;
 pub mod proxy;
 pub mod runtime_api;
+pub mod runtime_process;

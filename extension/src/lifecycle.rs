@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 
 use crate::invocations::Slot;
 use crate::metrics::Metric;
-use crate::peer;
 use crate::proxy::Proxy;
+use crate::runtime_process::RuntimeTree;
 
 /// How long after an INVOKE event the proxy must have fetched the event for the invocation to
 /// count as enforced. Both are released by Lambda at the same moment; this only absorbs
@@ -73,11 +73,13 @@ pub async fn on_event(
 /// How often a waiting INVOKE checks that the runtime process is still there.
 const RUNTIME_CHECK: Duration = Duration::from_millis(100);
 
-/// Waits until the invocation is finished, at most `limit`. If the runtime process that got the
-/// event dies first (a crash: Lambda then resets the sandbox and kills us without a SHUTDOWN),
-/// releases the lock at once and counts the invocation as finished.
+/// Waits until the invocation is finished, at most `limit`. If the runtime that got the event
+/// dies first, with every process it started (a crash: Lambda then resets the sandbox and kills
+/// us without a SHUTDOWN), releases the lock at once and counts the invocation as finished. A
+/// runtime that is not known is never taken for dead.
 async fn wait_done_or_runtime_exit(proxy: &Proxy, slot: &Slot, id: &str, limit: Duration) -> bool {
     let end = tokio::time::Instant::now() + limit;
+    let mut tree = None;
     loop {
         let now = tokio::time::Instant::now();
         if now >= end {
@@ -86,12 +88,27 @@ async fn wait_done_or_runtime_exit(proxy: &Proxy, slot: &Slot, id: &str, limit: 
         if slot.wait_done(RUNTIME_CHECK.min(end - now)).await {
             return true;
         }
-        let pids = slot.runtime();
-        if !pids.is_empty() && !pids.iter().any(|p| peer::is_alive(*p)) {
+        // The proxy records the runtime when it hands the event over.
+        let Some(root) = slot.runtime() else {
+            continue;
+        };
+        let mut t = tree.take().unwrap_or_else(|| RuntimeTree::new(root));
+        let proc_root = proxy.proc_root().to_owned();
+        let Ok((t, alive)) = tokio::task::spawn_blocking(move || {
+            let alive = t.alive(&proc_root);
+            (t, alive)
+        })
+        .await
+        else {
+            continue;
+        };
+        tree = Some(t);
+        if !alive && !slot.is_done() {
             tracing::warn!(
                 request_id = %id,
-                ?pids,
-                "the runtime exited in the middle of the invocation; releasing its lock now"
+                runtime_pid = root.pid,
+                "the runtime exited in the middle of the invocation (its whole process tree is \
+                 gone); releasing its lock now"
             );
             proxy.release(slot).await;
             slot.mark_done();

@@ -13,6 +13,8 @@
 //! ```
 
 use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,17 +38,10 @@ use tracing::{field, Instrument};
 use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Held, Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
-use crate::peer;
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
 };
-
-/// One runtime connection: the processes on the other end, looked up once when it is
-/// accepted (runtimes keep their connection for many invocations).
-#[derive(Debug, Clone)]
-struct Conn {
-    owners: Arc<std::sync::Mutex<Vec<u32>>>,
-}
+use crate::runtime_process::{self, Proc};
 
 /// The proxy's state, shared by all connections.
 #[derive(Debug)]
@@ -58,6 +53,12 @@ pub struct Proxy {
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
     host: String,
+    /// Where `/proc` is (a seam for tests).
+    proc_root: PathBuf,
+    /// The runtime process last found (see [`runtime_process`]).
+    runtime: std::sync::Mutex<Option<Proc>>,
+    /// Set once "the runtime is not known" has been logged.
+    runtime_unknown_logged: AtomicBool,
 }
 
 impl Proxy {
@@ -86,7 +87,34 @@ impl Proxy {
             client,
             upstream,
             host,
+            proc_root: PathBuf::from("/proc"),
+            runtime: std::sync::Mutex::new(None),
+            runtime_unknown_logged: AtomicBool::new(false),
         }
+    }
+
+    /// The runtime process (the one the wrapper exec'd, pointed at this proxy's port), if it
+    /// can be known; see [`runtime_process`].
+    async fn runtime_process(&self) -> Option<Proc> {
+        let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        let root = self.proc_root.clone();
+        let api = format!("127.0.0.1:{}", self.config.proxy_port);
+        let found = tokio::task::spawn_blocking(move || match cached {
+            Some(p) if runtime_process::is_alive(&root, p) => Some(p),
+            _ => runtime_process::find_runtime(&root, &api),
+        })
+        .await
+        .ok()
+        .flatten();
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = found;
+        if found.is_none() && !self.runtime_unknown_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the runtime process is not known (not started through /opt/flightlock-wrapper): \
+                 if it crashes mid-invocation its lock is released at SHUTDOWN or when the lease \
+                 (capped at the deadline) lapses, not at once"
+            );
+        }
+        found
     }
 
     /// The invocations in flight.
@@ -104,11 +132,15 @@ impl Proxy {
         &self.metrics
     }
 
+    /// Where `/proc` is.
+    pub fn proc_root(&self) -> &std::path::Path {
+        &self.proc_root
+    }
+
     /// Serves connections from `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
-        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         loop {
-            let (stream, peer) = match listener.accept().await {
+            let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
                     // Out of file descriptors and the like: pause instead of spinning.
@@ -122,16 +154,7 @@ impl Proxy {
             }
             let proxy = self.clone();
             tokio::spawn(async move {
-                let conn = Conn {
-                    owners: Arc::default(),
-                };
-                let owners = conn.owners.clone();
-                tokio::task::spawn_blocking(move || {
-                    let pids = peer::socket_owners(peer.port(), port);
-                    tracing::debug!(?pids, peer_port = peer.port(), "runtime connection");
-                    *owners.lock().unwrap_or_else(|e| e.into_inner()) = pids;
-                });
-                let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
+                let service = service_fn(move |req| proxy.clone().handle(req));
                 if let Err(e) = http1::Builder::new()
                     .preserve_header_case(true)
                     .serve_connection(TokioIo::new(stream), service)
@@ -146,10 +169,9 @@ impl Proxy {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
-        conn: Conn,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let response = match route(req.method(), req.uri().path()) {
-            Route::Next => self.next(req, conn).await,
+            Route::Next => self.next(req).await,
             Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
@@ -190,11 +212,7 @@ impl Proxy {
     }
 
     /// `GET next`: fetch events upstream until one acquires its lock (or is not ours to gate).
-    async fn next(
-        &self,
-        req: Request<Incoming>,
-        conn: Conn,
-    ) -> Result<Response<ProxyBody>, BoxError> {
+    async fn next(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, BoxError> {
         let (mut parts, _) = req.into_parts();
         // The runtime's request body (a GET has none) is not forwarded: drop its framing so
         // upstream does not wait for bytes that never come.
@@ -242,8 +260,8 @@ impl Proxy {
                 .instrument(span)
                 .await
             {
-                // Note who receives the event, to notice if it dies mid-invocation.
-                slot.set_runtime(conn.owners.clone());
+                // Note which runtime receives the event, to notice if it dies mid-invocation.
+                slot.set_runtime(self.runtime_process().await);
                 return Ok(Response::from_parts(rparts, full(event)));
             }
         }

@@ -12,8 +12,9 @@
 //! ```
 //!
 //! Each [`Env`] runs in a private mount namespace and PID namespace (`unshare --mount --pid
-//! --fork --kill-child`, as root): its `/opt` is a bind mount of a temporary directory laid out
-//! like the layer, and dropping the `Env` kills the whole namespace (RIE, extension, runtime).
+//! --fork --mount-proc --kill-child`, as root): its `/opt` is a bind mount of a temporary
+//! directory laid out like the layer, and dropping the `Env` kills the whole namespace (RIE,
+//! extension, runtime).
 //! Every port is on 127.0.0.1: RIE's invoke endpoint (`--runtime-interface-emulator-address`),
 //! its Runtime API (`--runtime-api-address`) and the flightlock proxy (`FLIGHTLOCK_PROXY_PORT`).
 
@@ -21,6 +22,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_lambda;
+mod rounds;
+
+pub use rounds::{check_skip_round, finish, invoke_all, record_file, start_all, stop_all};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -100,6 +104,9 @@ pub enum Runtime {
     RustInProcess,
     /// `tests/e2e/runtimes/raw_runtime.py`, a bare stdlib client that records raw events.
     Raw,
+    /// `tests/e2e/runtimes/curl_bootstrap.sh` as `bootstrap`: a bash + curl custom runtime as in
+    /// the AWS tutorial, one short-lived curl process per Runtime API request.
+    Curl,
 }
 
 /// How an environment is laid out.
@@ -145,6 +152,8 @@ pub struct Env {
     pub name: String,
     /// The RIE invoke port.
     pub port: u16,
+    /// The flightlock proxy port (`FLIGHTLOCK_PROXY_PORT`).
+    pub proxy_port: u16,
     /// The environment's private directory (its /opt, task dir, log).
     pub dir: PathBuf,
     child: tokio::process::Child,
@@ -211,6 +220,11 @@ impl Env {
             task.join("raw_runtime.py"),
         )
         .unwrap();
+        std::fs::copy(
+            repo_root().join("tests/e2e/runtimes/curl_bootstrap.sh"),
+            task.join("bootstrap"),
+        )
+        .unwrap();
 
         let mut command: Vec<String> = Vec::new();
         if spec.wrapper {
@@ -228,6 +242,7 @@ impl Env {
             Runtime::Rust | Runtime::RustInProcess => {
                 command.push(workspace_bin("demo-rust").display().to_string());
             }
+            Runtime::Curl => command.push(task.join("bootstrap").display().to_string()),
         }
 
         let port = free_port();
@@ -235,22 +250,32 @@ impl Env {
         let proxy_port = free_port();
         let log = std::fs::File::create(dir.join("env.log")).unwrap();
         let mut cmd = tokio::process::Command::new("unshare");
-        cmd.args(["--mount", "--pid", "--fork", "--kill-child", "sh", "-c"])
-            .arg(r#"mount --bind "$1" /opt || exit 97; shift; exec "$@""#)
-            .arg("sh")
-            .arg(&opt)
-            .arg(&rie)
-            .arg("--runtime-interface-emulator-address")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--runtime-api-address")
-            .arg(format!("127.0.0.1:{api_port}"))
-            .args(&command)
-            .current_dir(&task)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true);
+        // --mount-proc: the environment sees its own processes in /proc with its own pids, as a
+        // Lambda sandbox does (the extension finds the runtime's process tree there).
+        cmd.args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+        ])
+        .arg(r#"mount --bind "$1" /opt || exit 97; shift; exec "$@""#)
+        .arg("sh")
+        .arg(&opt)
+        .arg(&rie)
+        .arg("--runtime-interface-emulator-address")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--runtime-api-address")
+        .arg(format!("127.0.0.1:{api_port}"))
+        .args(&command)
+        .current_dir(&task)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true);
         let mut env: HashMap<String, String> = [
             ("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
             ("HOME", "/tmp"),
@@ -289,6 +314,7 @@ impl Env {
         let e = Env {
             name: name.to_owned(),
             port,
+            proxy_port,
             dir,
             child,
         };
