@@ -26,6 +26,8 @@ pub struct Held {
     pub guard: LockGuard,
     /// Stops the task that watches the lost signal.
     pub watcher: tokio::task::JoinHandle<()>,
+    /// The invocation's deadline (bounds the release).
+    pub deadline: Option<std::time::SystemTime>,
 }
 
 /// One invocation.

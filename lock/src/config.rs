@@ -15,7 +15,7 @@
 //! | `FLIGHTLOCK_LEASE` | lease length (≥ 100ms) | `20s` |
 //! | `FLIGHTLOCK_HEARTBEAT` | heartbeat interval (≤ lease / 2) | lease / 3 |
 //! | `FLIGHTLOCK_CLOCK_SKEW` | clock-skew allowance, or `unbounded` (clock-free) | `1s` |
-//! | `FLIGHTLOCK_DEADLINE_MARGIN` | time kept free before the invocation deadline | `1s` |
+//! | `FLIGHTLOCK_DEADLINE_MARGIN` | time kept free before the invocation deadline: waiting ends at deadline − margin, every lock decision at deadline − margin / 2 | `1s` |
 //! | `FLIGHTLOCK_PROXY_PORT` | proxy listener port on 127.0.0.1 | `9009` |
 //! | `FLIGHTLOCK_UPSTREAM` | Runtime API the proxy forwards to (`host:port`, `http://` optional) | `AWS_LAMBDA_RUNTIME_API` |
 //! | `FLIGHTLOCK_LOG_LEVEL` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `info` |
