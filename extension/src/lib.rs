@@ -12,7 +12,7 @@
 //! | module | what |
 //! |---|---|
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
-//! | `proxy` | the proxy: gate each event through the lock, forward everything else |
+//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
 //! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN |
 //! | `metrics` | CloudWatch EMF lines |

@@ -33,6 +33,9 @@ pub enum Metric {
     KeyErrors,
     /// The lock could not be taken for another reason, e.g. DynamoDB unreachable (Count).
     LockErrors,
+    /// An event from the Runtime API could not be gated (no usable request id, unreadable
+    /// body) and was failed, never passed on ungated (Count).
+    EventErrors,
 }
 
 impl Metric {
@@ -49,6 +52,7 @@ impl Metric {
             Metric::UnenforcedInvocations => "UnenforcedInvocations",
             Metric::KeyErrors => "KeyErrors",
             Metric::LockErrors => "LockErrors",
+            Metric::EventErrors => "EventErrors",
         }
     }
 

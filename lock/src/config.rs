@@ -92,6 +92,9 @@ pub const BUSY_ERROR_TYPE: &str = "FlightlockBusy";
 pub const KEY_ERROR_TYPE: &str = "FlightlockKeyError";
 /// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
 pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
+/// `errorType` when the extension could not read an event from the Runtime API: the invocation
+/// is failed rather than handed to the runtime unlocked or incomplete.
+pub const EVENT_ERROR_TYPE: &str = "FlightlockEventError";
 
 /// A bad configuration value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
