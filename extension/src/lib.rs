@@ -17,6 +17,7 @@
 //! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN |
 //! | `metrics` | CloudWatch EMF lines |
 //! | `body` | streamed bodies, end-of-body notification |
+//! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
 //! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
 //! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::config`]; user docs, the skip and
@@ -29,3 +30,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod runtime_api;
 pub mod runtime_process;
+pub mod wrapper_check;

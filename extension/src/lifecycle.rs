@@ -17,8 +17,9 @@ use crate::proxy::Proxy;
 use crate::runtime_process::RuntimeTree;
 
 /// How long after an INVOKE event the proxy must have fetched the event for the invocation to
-/// count as enforced. Both are released by Lambda at the same moment; this only absorbs
-/// scheduling delays.
+/// count as enforced, once a runtime has connected to the proxy. Both are released by Lambda at
+/// the same moment; this only absorbs scheduling delays. Before any runtime has connected there
+/// is no grace: the invocation is reported unenforced at once.
 pub const UNENFORCED_GRACE: Duration = Duration::from_secs(2);
 
 /// Time kept back from the shutdown deadline for the process to exit.
@@ -35,9 +36,24 @@ pub async fn on_event(
             let id = invoke.request_id;
             let left = until(invoke.deadline_ms);
             let slot = proxy.invocations().slot(&id);
-            if !slot.wait_seen(UNENFORCED_GRACE.min(left)).await {
+            // No runtime has ever asked the proxy for an event: this one cannot have gone
+            // through it either, so say so at once instead of holding the finished invocation
+            // open (and billed) for the grace.
+            let (grace, reason) = if proxy.runtime_connected() {
+                (
+                    UNENFORCED_GRACE.min(left),
+                    "the proxy did not see this event in time",
+                )
+            } else {
+                (
+                    Duration::ZERO,
+                    "no runtime has ever connected to the flightlock proxy",
+                )
+            };
+            if !slot.wait_seen(grace).await {
                 tracing::error!(
                     request_id = %id,
+                    reason,
                     "UNENFORCED: this invocation did not go through the flightlock proxy, so it \
                      runs WITHOUT the lock; set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper \
                      on the function (OS-only runtimes: see the flightlock docs)"

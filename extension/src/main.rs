@@ -13,6 +13,7 @@ use flightlock_extension::invocations::Invocations;
 use flightlock_extension::lifecycle;
 use flightlock_extension::metrics::Metrics;
 use flightlock_extension::proxy::{self, Proxy};
+use flightlock_extension::wrapper_check;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -106,6 +107,13 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         }
     };
     init_tracing(&env, &config.log_level);
+    // Unenforced is caught before the first handler runs: a managed runtime that does not start
+    // through the wrapper fails init, saying what to set.
+    if let Err(msg) = wrapper_check::check(&env, &config) {
+        tracing::error!(error = %msg, "flightlock is not wired in");
+        fail_init(&env, &name, &msg).await;
+        return Err(msg.into());
+    }
     let config = Arc::new(config);
     let upstream = config
         .upstream

@@ -69,6 +69,8 @@ pub struct Proxy {
     runtime: std::sync::Mutex<Option<Proc>>,
     /// Set once "the runtime is not known" has been logged.
     runtime_unknown_logged: AtomicBool,
+    /// Set when a runtime first asks the proxy for an event.
+    runtime_connected: AtomicBool,
     /// Results of fetches whose runtime disconnected, for the next `GET next` (see [`Waiting`]).
     orphans: std::sync::Mutex<VecDeque<oneshot::Receiver<Fetched>>>,
 }
@@ -102,6 +104,7 @@ impl Proxy {
             proc_root: PathBuf::from("/proc"),
             runtime: std::sync::Mutex::new(None),
             runtime_unknown_logged: AtomicBool::new(false),
+            runtime_connected: AtomicBool::new(false),
             orphans: std::sync::Mutex::new(VecDeque::new()),
         }
     }
@@ -143,6 +146,13 @@ impl Proxy {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// True once a runtime has asked the proxy for an event. A runtime started through the
+    /// wrapper does so before its first invocation can begin (Lambda starts invoking only after
+    /// the runtime's first `GET next`, which comes here first).
+    pub fn runtime_connected(&self) -> bool {
+        self.runtime_connected.load(Ordering::Relaxed)
     }
 
     /// Where `/proc` is.

@@ -20,6 +20,7 @@
 //! | `FLIGHTLOCK_UPSTREAM` | Runtime API the proxy forwards to (`host:port`, `http://` optional) | `AWS_LAMBDA_RUNTIME_API` |
 //! | `FLIGHTLOCK_LOG_LEVEL` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `info` |
 //! | `FLIGHTLOCK_METRICS` | EMF metrics on stdout: `on`/`off` (also `true`/`false`, `1`/`0`) | `on` |
+//! | `FLIGHTLOCK_WRAPPER_CHECK` | extension only: on a managed runtime, fail init unless `AWS_LAMBDA_EXEC_WRAPPER` is the flightlock wrapper; `off` for chained wrappers that run it themselves | `on` |
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -57,6 +58,8 @@ pub const UPSTREAM: &str = "FLIGHTLOCK_UPSTREAM";
 pub const LOG_LEVEL: &str = "FLIGHTLOCK_LOG_LEVEL";
 /// Metrics on or off.
 pub const METRICS: &str = "FLIGHTLOCK_METRICS";
+/// The extension's init check of `AWS_LAMBDA_EXEC_WRAPPER`, on or off.
+pub const WRAPPER_CHECK: &str = "FLIGHTLOCK_WRAPPER_CHECK";
 
 /// Every variable [`Config::from_map`] understands.
 pub const KNOWN: &[&str] = &[
@@ -72,6 +75,7 @@ pub const KNOWN: &[&str] = &[
     UPSTREAM,
     LOG_LEVEL,
     METRICS,
+    WRAPPER_CHECK,
 ];
 
 /// Lambda's variable with the Runtime API address (`host:port`).
@@ -147,6 +151,9 @@ pub struct Config {
     pub log_level: String,
     /// `FLIGHTLOCK_METRICS`. Default on.
     pub metrics: bool,
+    /// `FLIGHTLOCK_WRAPPER_CHECK`. Default on. Used by the extension only (the in-process layer
+    /// needs no wrapper).
+    pub wrapper_check: bool,
     /// `AWS_LAMBDA_FUNCTION_NAME`, written into rows for people.
     pub function_name: Option<String>,
 }
@@ -294,18 +301,20 @@ impl Config {
                 lower
             }
         };
-        let metrics = match get(METRICS).map(|v| v.to_ascii_lowercase()).as_deref() {
-            None | Some("on" | "true" | "1" | "yes") => true,
-            Some("off" | "false" | "0" | "no") => false,
-            Some(_) => {
-                return Err(err(
-                    METRICS,
-                    get(METRICS).as_deref().unwrap_or_default(),
+        let switch = |name: &str| -> Result<bool, ConfigError> {
+            match get(name).map(|v| v.to_ascii_lowercase()).as_deref() {
+                None | Some("on" | "true" | "1" | "yes") => Ok(true),
+                Some("off" | "false" | "0" | "no") => Ok(false),
+                Some(_) => Err(err(
+                    name,
+                    get(name).as_deref().unwrap_or_default(),
                     "not a switch",
                     "on, off (also true/false, 1/0, yes/no)",
-                ))
+                )),
             }
         };
+        let metrics = switch(METRICS)?;
+        let wrapper_check = switch(WRAPPER_CHECK)?;
 
         let config = Config {
             table,
@@ -320,6 +329,7 @@ impl Config {
             upstream,
             log_level,
             metrics,
+            wrapper_check,
             function_name,
         };
         // Check lease / heartbeat / skew against each other now, at init, not at the first
@@ -462,6 +472,7 @@ mod tests {
         assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9001"));
         assert_eq!(c.log_level, "info");
         assert!(c.metrics);
+        assert!(c.wrapper_check);
     }
 
     #[test]
@@ -478,8 +489,10 @@ mod tests {
             (UPSTREAM, "http://127.0.0.1:9200/"),
             (LOG_LEVEL, "DEBUG"),
             (METRICS, "off"),
+            (WRAPPER_CHECK, "off"),
         ]))
         .unwrap();
+        assert!(!c.wrapper_check);
         assert!(c.key.reads_event());
         assert_eq!(c.wait, Wait::Forever);
         assert_eq!(c.on_busy, OnBusy::Error);
@@ -510,6 +523,7 @@ mod tests {
             (UPSTREAM, "localhost", "host:port"),
             (LOG_LEVEL, "loud", "debug"),
             (METRICS, "maybe", "on, off"),
+            (WRAPPER_CHECK, "sometimes", "on, off"),
             (KEY, "job-{detail}", "{/json/pointer}"),
             (KEY, "job-{/a", "{/json/pointer}"),
             (KEY, "a}b", "}}"),

@@ -54,6 +54,7 @@ impl Proxy {
         self: Arc<Self>,
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, BoxError> {
+        self.runtime_connected.store(true, Ordering::Relaxed);
         let (mut parts, _) = req.into_parts();
         // The runtime's request body (a GET has none) is not forwarded: drop its framing so
         // upstream does not wait for bytes that never come.

@@ -301,6 +301,18 @@ impl Env {
         env.insert("DEMO_RECORD_FILE".into(), record.display().to_string());
         env.insert("DEMO_ENV_NAME".into(), name.to_owned());
         env.insert("RAW_DIR".into(), dir.display().to_string());
+        if matches!(spec.runtime, Runtime::Python) {
+            // As Lambda's managed Python runtime sets it (the extension checks the wrapper then).
+            env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
+        }
+        if spec.wrapper {
+            // RIE does not run exec wrappers itself: the command above starts it, and this says
+            // so as Lambda would see it.
+            env.insert(
+                "AWS_LAMBDA_EXEC_WRAPPER".into(),
+                "/opt/flightlock-wrapper".into(),
+            );
+        }
         if matches!(spec.runtime, Runtime::RustInProcess) {
             env.insert("DEMO_IN_PROCESS_LOCK".into(), "1".into());
         }

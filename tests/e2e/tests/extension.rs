@@ -275,9 +275,11 @@ async fn large_event_and_response_are_byte_identical_and_headers_kept() {
 async fn without_the_wrapper_invocations_run_unenforced_and_are_reported() {
     let (endpoint, table) = table("e2e_unenforced").await;
     let record = record_file("unenforced");
+    // The init check is switched off (as for chained wrappers), so the per-invocation check is
+    // what catches it.
     let spec = Spec {
         wrapper: false,
-        ..Spec::layered("nowrapper", Runtime::Python)
+        ..Spec::layered("nowrapper", Runtime::Python).with("FLIGHTLOCK_WRAPPER_CHECK", "off")
     };
     let env = Env::start("nowrap", &spec, &endpoint, &table, &record).await;
     for seq in 0..2 {
@@ -297,6 +299,45 @@ async fn without_the_wrapper_invocations_run_unenforced_and_are_reported() {
         "{log}"
     );
     assert!(!log.contains("lock acquired"), "{log}");
+    // Judged at once (no runtime ever connected to the proxy), not after a 2 s grace that would
+    // keep every finished invocation open.
+    assert_eq!(
+        log.matches("no runtime has ever connected to the flightlock proxy")
+            .count(),
+        2,
+        "{log}"
+    );
+    finish(env, &record).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_runtime_without_the_wrapper_fails_init_saying_what_to_set() {
+    let (endpoint, table) = table("e2e_nowrapinit").await;
+    let record = record_file("nowrapinit");
+    let spec = Spec {
+        wrapper: false,
+        ..Spec::layered("nowrapinit", Runtime::Python)
+    };
+    let env = Env::start("nowrapinit", &spec, &endpoint, &table, &record).await;
+    let r = env.invoke(json!({"seq": 0})).await;
+    let body = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(
+        body.contains("errorType") || r.status >= 400,
+        "init should fail: {body}"
+    );
+    assert!(
+        env.wait_log("AWS_LAMBDA_EXEC_WRAPPER is not set", Duration::from_secs(3))
+            .await,
+        "{}",
+        env.log()
+    );
+    assert!(
+        env.log()
+            .contains("set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper"),
+        "{}",
+        env.log()
+    );
+    assert!(runs(&record).is_empty(), "the handler must not run");
     finish(env, &record).await;
 }
 
