@@ -30,6 +30,7 @@ use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
 use crate::schema::HolderInfo;
 
 mod key;
+mod seek;
 pub use key::{KeyError, KeyTemplate};
 
 /// Prefix of every flightlock variable.
