@@ -33,9 +33,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Semaphore};
 use tracing::{field, Instrument};
 
 use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
@@ -53,6 +53,27 @@ pub use gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 pub use next::usable_request_id;
 use next::Fetched;
 
+/// Limits on what runtime connections can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; more wait in the listen backlog. Default 256 (a Managed
+    /// Instances environment runs many invocations at once, each on its own connection).
+    pub max_connections: usize,
+    /// A connection that has not sent a complete request head this long after it connected
+    /// (or after its previous request) is closed. Default 60 s. An idle keep-alive connection
+    /// is closed too; runtime clients open a new one.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
 /// The proxy's state, shared by all connections.
 #[derive(Debug)]
 pub struct Proxy {
@@ -69,6 +90,8 @@ pub struct Proxy {
     runtime: std::sync::Mutex<Option<Proc>>,
     /// Set once "the runtime is not known" has been logged.
     runtime_unknown_logged: AtomicBool,
+    /// Connection limits.
+    limits: Limits,
     /// Set when a runtime first asks the proxy for an event.
     runtime_connected: AtomicBool,
     /// Results of fetches whose runtime disconnected, for the next `GET next` (see [`Waiting`]).
@@ -104,6 +127,7 @@ impl Proxy {
             proc_root: PathBuf::from("/proc"),
             runtime: std::sync::Mutex::new(None),
             runtime_unknown_logged: AtomicBool::new(false),
+            limits: Limits::default(),
             runtime_connected: AtomicBool::new(false),
             orphans: std::sync::Mutex::new(VecDeque::new()),
         }
@@ -148,6 +172,12 @@ impl Proxy {
         &self.metrics
     }
 
+    /// Replaces the connection limits (tests use small ones).
+    pub fn with_limits(mut self, limits: Limits) -> Proxy {
+        self.limits = limits;
+        self
+    }
+
     /// True once a runtime has asked the proxy for an event. A runtime started through the
     /// wrapper does so before its first invocation can begin (Lambda starts invoking only after
     /// the runtime's first `GET next`, which comes here first).
@@ -162,7 +192,20 @@ impl Proxy {
 
     /// Serves connections from `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let slots = Arc::new(Semaphore::new(self.limits.max_connections));
+        let mut at_cap_logged = false;
         loop {
+            // At the cap, new connections wait in the listen backlog until one ends.
+            if slots.available_permits() == 0 && !at_cap_logged {
+                at_cap_logged = true;
+                tracing::warn!(
+                    max = self.limits.max_connections,
+                    "proxy connection cap reached; new runtime connections wait for a free slot"
+                );
+            }
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
@@ -176,10 +219,14 @@ impl Proxy {
                 tracing::debug!(error = %e, "could not set TCP_NODELAY");
             }
             let proxy = self.clone();
+            let header_read_timeout = self.limits.header_read_timeout;
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = service_fn(move |req| proxy.clone().handle(req));
                 if let Err(e) = http1::Builder::new()
                     .preserve_header_case(true)
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_read_timeout)
                     .serve_connection(TokioIo::new(stream), service)
                     .await
                 {
