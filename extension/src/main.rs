@@ -114,6 +114,9 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         fail_init(&env, &name, &msg).await;
         return Err(msg.into());
     }
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let config = Arc::new(config);
     let upstream = config
         .upstream

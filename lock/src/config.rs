@@ -359,6 +359,21 @@ impl Config {
         Ok(config)
     }
 
+    /// Settings that are valid but risky, each as a sentence for an init-time warning.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.key.reads_event() && self.on_busy == OnBusy::Skip {
+            warnings.push(format!(
+                "{KEY}={} reads the event and {ON_BUSY}=skip answers a busy event as a success: \
+                 for SQS, Kinesis and DynamoDB Streams triggers that deletes (or steps past) the \
+                 skipped records. For event sources whose events must all be processed set \
+                 {ON_BUSY}=error (see the flightlock docs for each trigger type)",
+                self.key
+            ));
+        }
+        warnings
+    }
+
     /// The options of one acquisition for an invocation whose deadline is `deadline` (`None`: no
     /// deadline), at wall time `now`: the wait is capped at `deadline - margin` (no time left:
     /// no wait), and heartbeats never extend the lease past `deadline + LEASE_CAP_GRACE`.
@@ -415,6 +430,46 @@ pub fn runtime_api_authority(value: &str) -> Result<String, String> {
         return Err("not host:port".into());
     }
     Ok(rest.to_owned())
+}
+
+/// Replaces ARNs (`arn:...`) and 12-digit AWS account ids in `message` with `<arn>` and
+/// `<account-id>`, for error bodies returned to callers: AWS error messages (access denied, ...)
+/// name roles and resources, which belong in the function's logs, not in a caller's hands. Pure.
+pub fn redact_aws_ids(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    let mut prev: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        let boundary = !prev.is_some_and(|p| p.is_ascii_alphanumeric());
+        if boundary && rest.starts_with("arn:") {
+            let end = rest
+                .find(|c: char| {
+                    c.is_whitespace() || matches!(c, '"' | '\'' | '`' | ',' | ')' | ']' | '}' | '>')
+                })
+                .unwrap_or(rest.len());
+            out.push_str("<arn>");
+            prev = Some('>');
+            rest = &rest[end..];
+            continue;
+        }
+        if c.is_ascii_digit() && boundary {
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            if end == 12 {
+                out.push_str("<account-id>");
+            } else {
+                out.push_str(&rest[..end]);
+            }
+            prev = Some('0');
+            rest = &rest[end..];
+            continue;
+        }
+        out.push(c);
+        prev = Some(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 /// The success body answered for a skipped invocation:
@@ -592,6 +647,41 @@ mod tests {
             (o.wait, o.lease_cap),
             (Wait::For(Duration::from_secs(3)), None)
         );
+    }
+
+    #[test]
+    fn a_key_template_with_skip_is_warned_about() {
+        let c = Config::from_map(&with(&[(KEY, "job-{/detail/id}")])).unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("FLIGHTLOCK_ON_BUSY=error") && w[0].contains("SQS"),
+            "{w:?}"
+        );
+        let c = Config::from_map(&with(&[(KEY, "job-{/detail/id}"), (ON_BUSY, "error")])).unwrap();
+        assert!(c.warnings().is_empty());
+        assert!(Config::from_map(&with(&[])).unwrap().warnings().is_empty());
+    }
+
+    #[test]
+    fn aws_ids_are_kept_out_of_error_bodies() {
+        let msg = "access denied calling dynamodb:PutItem on `locks`: User: \
+                   arn:aws:sts::123456789012:assumed-role/r/f is not authorized to perform: \
+                   dynamodb:PutItem on resource: arn:aws:dynamodb:us-east-1:123456789012:table/locks \
+                   (account 123456789012, request 9876543210123, key job-42)";
+        let r = redact_aws_ids(msg);
+        assert!(!r.contains("123456789012") && !r.contains("arn:"), "{r}");
+        assert!(
+            r.contains("User: <arn> is not authorized")
+                && r.contains("resource: <arn> (account <account-id>, request 9876543210123"),
+            "{r}"
+        );
+        assert!(
+            r.contains("dynamodb:PutItem on `locks`") && r.contains("key job-42"),
+            "{r}"
+        );
+        // Words that merely contain "arn:" are left alone.
+        assert_eq!(redact_aws_ids("yarn: ok"), "yarn: ok");
     }
 
     #[test]

@@ -45,7 +45,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::config::{
-    skipped_body, Config, ConfigError, OnBusy, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
+    redact_aws_ids, skipped_body, Config, ConfigError, OnBusy, BUSY_ERROR_TYPE, KEY_ERROR_TYPE,
+    LOCK_ERROR_TYPE,
 };
 use crate::{Error, HolderInfo, Locker, ReleaseOutcome};
 
@@ -70,6 +71,9 @@ pub struct FlightlockLayer {
 impl FlightlockLayer {
     /// A layer from an explicit locker and configuration.
     pub fn new(locker: Locker, config: Config) -> FlightlockLayer {
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "lambda".to_owned());
@@ -204,7 +208,8 @@ where
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "could not take the lock");
-                        return Err(diagnostic(LOCK_ERROR_TYPE, e.to_string()));
+                        // The full error is in the log; the caller gets no ARNs or account ids.
+                        return Err(diagnostic(LOCK_ERROR_TYPE, redact_aws_ids(&e.to_string())));
                     }
                 };
                 span.record("ticket", guard.token());

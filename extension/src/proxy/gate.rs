@@ -1,6 +1,7 @@
 //! Gating one event: key, acquisition within the deadline, the busy policy, and releasing.
 
 use super::*;
+use flightlock::config::redact_aws_ids;
 
 /// Connect timeout of the DynamoDB client (a regional endpoint answers in milliseconds).
 pub const SDK_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -170,10 +171,11 @@ impl Proxy {
             Err(e) => {
                 tracing::error!(error = %e, "could not take the lock; failing the invocation");
                 self.metrics.count(Metric::LockErrors);
+                // The full error is in the log; the caller gets no ARNs or account ids.
                 self.answer(
                     id,
                     Some(LOCK_ERROR_TYPE),
-                    &error_body(LOCK_ERROR_TYPE, &e.to_string()),
+                    &error_body(LOCK_ERROR_TYPE, &redact_aws_ids(&e.to_string())),
                 )
                 .await;
                 slot.mark_done();
