@@ -1,9 +1,12 @@
 //! The Extensions API side: INVOKE and SHUTDOWN events.
 //!
-//! The extension reports itself done for an invocation (by asking for the next event) only when
-//! the proxy has finished it: answered upstream and released its lock, so the sandbox is never
-//! frozen while a lock is held. An INVOKE whose event never went through the proxy means the
-//! wrapper is not configured: the lock is not enforced, which is logged as an error and counted.
+//! Each INVOKE is watched by its own task, and the extension asks for its next event at once:
+//! several invocations in flight (Lambda Managed Instances), their unenforced checks and a
+//! SHUTDOWN never queue behind one another. The sandbox still never freezes while a lock is
+//! held: the proxy returns the runtime's response POST only after the lock is released, so the
+//! runtime cannot ask for its next event before that. The watch releases a crashed runtime's
+//! lock at once, and an INVOKE whose event never went through the proxy means the wrapper is not
+//! configured: the lock is not enforced, which is logged as an error and counted.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,47 +36,7 @@ pub async fn on_event(
 ) -> Result<(), lambda_extension::Error> {
     match event.next {
         NextEvent::Invoke(invoke) => {
-            let id = invoke.request_id;
-            let left = until(invoke.deadline_ms);
-            let slot = proxy.invocations().slot(&id);
-            // No runtime has ever asked the proxy for an event: this one cannot have gone
-            // through it either, so say so at once instead of holding the finished invocation
-            // open (and billed) for the grace.
-            let (grace, reason) = if proxy.runtime_connected() {
-                (
-                    UNENFORCED_GRACE.min(left),
-                    "the proxy did not see this event in time",
-                )
-            } else {
-                (
-                    Duration::ZERO,
-                    "no runtime has ever connected to the flightlock proxy",
-                )
-            };
-            if !slot.wait_seen(grace).await {
-                tracing::error!(
-                    request_id = %id,
-                    reason,
-                    "UNENFORCED: this invocation did not go through the flightlock proxy, so it \
-                     runs WITHOUT the lock; set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper \
-                     on the function (OS-only runtimes: see the flightlock docs)"
-                );
-                proxy.metrics().count(Metric::UnenforcedInvocations);
-                proxy.invocations().remove(&id);
-                return Ok(());
-            }
-            // At the deadline Lambda ends the invocation itself and resets the sandbox: stop
-            // waiting then, so the next event we ask for is the SHUTDOWN that releases the lock.
-            // (A response sent at the last moment is still released by the proxy.)
-            if wait_done_or_runtime_exit(&proxy, &slot, &id, left).await {
-                proxy.invocations().remove(&id);
-            } else {
-                tracing::warn!(
-                    request_id = %id,
-                    "invocation still unfinished past its deadline; its lock is released at \
-                     shutdown or lapses at the deadline plus grace"
-                );
-            }
+            tokio::spawn(watch(proxy, invoke.request_id, invoke.deadline_ms));
             Ok(())
         }
         NextEvent::Shutdown(s) => {
@@ -83,6 +46,51 @@ pub async fn on_event(
             let _ = shutdown.send(()).await;
             Ok(())
         }
+    }
+}
+
+/// Watches one invocation until it is finished: reports it if it is unenforced, releases its
+/// lock if its runtime dies, and forgets it.
+async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
+    let left = until(deadline_ms);
+    let slot = proxy.invocations().slot(&id);
+    // No runtime has ever asked the proxy for an event: this one cannot have gone
+    // through it either, so say so at once instead of holding the finished invocation
+    // open (and billed) for the grace.
+    let (grace, reason) = if proxy.runtime_connected() {
+        (
+            UNENFORCED_GRACE.min(left),
+            "the proxy did not see this event in time",
+        )
+    } else {
+        (
+            Duration::ZERO,
+            "no runtime has ever connected to the flightlock proxy",
+        )
+    };
+    if !slot.wait_seen(grace).await {
+        tracing::error!(
+            request_id = %id,
+            reason,
+            "UNENFORCED: this invocation did not go through the flightlock proxy, so it \
+             runs WITHOUT the lock; set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper \
+             on the function (OS-only runtimes: see the flightlock docs)"
+        );
+        proxy.metrics().count(Metric::UnenforcedInvocations);
+        proxy.invocations().remove(&id);
+        return;
+    }
+    // At the deadline Lambda ends the invocation itself and resets the sandbox: stop
+    // watching then; SHUTDOWN releases the lock. (A response sent at the last moment is
+    // still released by the proxy.)
+    if wait_done_or_runtime_exit(&proxy, &slot, &id, left).await {
+        proxy.invocations().remove(&id);
+    } else {
+        tracing::warn!(
+            request_id = %id,
+            "invocation still unfinished past its deadline; its lock is released at \
+             shutdown or lapses at the deadline plus grace"
+        );
     }
 }
 
