@@ -16,6 +16,7 @@ use flightlock_e2e::{
 use serde_json::json;
 
 const EARLY_RELEASE: &str = "the runtime exited in the middle of the invocation";
+const SHUTDOWN_RELEASE: &str = "released held locks at shutdown";
 
 fn no_early_release(envs: &[Env]) {
     for e in envs {
@@ -158,10 +159,12 @@ async fn curl_runtime_timeout_and_crash_keep_the_lock_while_running_and_free_it_
         "timed out",
     )
     .await;
-    // Crash: the runtime exits mid-invocation (after working for a while); its whole process
-    // tree is gone, so the key is freed at once, without waiting for the lease.
-    let exits = |log: String| log.matches(EARLY_RELEASE).count();
-    let before = exits(envs[0].log());
+    // Crash: the runtime exits mid-invocation (after working for a while). The key is freed at
+    // once, without waiting for the lease: by the runtime-exit watch (its whole process tree is
+    // gone) or by the SHUTDOWN the emulator sends after a crash, whichever comes first.
+    let releases =
+        |log: String| log.matches(EARLY_RELEASE).count() + log.matches(SHUTDOWN_RELEASE).count();
+    let before = releases(envs[0].log());
     held_while_running_then_freed(
         &envs[0],
         &envs[1],
@@ -170,14 +173,7 @@ async fn curl_runtime_timeout_and_crash_keep_the_lock_while_running_and_free_it_
         "Runtime.ExitError",
     )
     .await;
-    assert!(
-        envs[0]
-            .wait_log(EARLY_RELEASE, Duration::from_secs(1))
-            .await,
-        "{}",
-        envs[0].log()
-    );
-    assert_eq!(exits(envs[0].log()), before + 1, "{}", envs[0].log());
+    assert!(releases(envs[0].log()) > before, "{}", envs[0].log());
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
 }

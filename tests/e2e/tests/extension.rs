@@ -149,11 +149,13 @@ async fn error_crash_and_timeout_release_the_lock() {
         env.log()
     );
 
-    // A crash: the extension sees the runtime process die and releases at once (Lambda then
-    // resets the sandbox, extension included), so the next invocation runs.
+    // A crash: the lock is released at once, by the extension seeing the runtime's process tree
+    // die or by the SHUTDOWN that follows the crash, whichever comes first (Lambda then resets
+    // the sandbox, extension included), so the next invocation runs.
     let exits = |log: String| {
         log.matches("the runtime exited in the middle of the invocation")
             .count()
+            + log.matches("released held locks at shutdown").count()
     };
     let exits_before = exits(env.log());
     let r = env.invoke(json!({"seq": 5, "mode": "crash"})).await;
@@ -174,7 +176,7 @@ async fn error_crash_and_timeout_release_the_lock() {
         "after a crash: {:?}",
         t.elapsed()
     );
-    assert_eq!(exits(env.log()), exits_before + 1, "{}", env.log());
+    assert!(exits(env.log()) > exits_before, "{}", env.log());
 
     let runs = runs(&record);
     let seqs: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();

@@ -61,6 +61,14 @@ async fn gating_a_6mb_event_with_a_key_template_keeps_the_extension_small() {
     let r = env.invoke_with(event.clone(), &[]).await;
     assert_eq!(r.status, 200, "{}", env.log());
     assert!(env.log().contains("acct-42"), "{}", env.log());
+    // A key template with the default skip policy is warned about at init.
+    assert!(
+        env.log().contains(
+            "reads the event and FLIGHTLOCK_ON_BUSY=skip answers a busy event as a success"
+        ),
+        "{}",
+        env.log()
+    );
     let (hwm, rss) = extension_memory(&env);
     println!(
         "extension memory, 6 MB event ({} bytes) with FLIGHTLOCK_KEY=acct-{{/id}}: peak RSS \
