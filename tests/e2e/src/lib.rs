@@ -1,13 +1,14 @@
 //! End-to-end harness: emulated Lambda execution environments, each one Runtime Interface
 //! Emulator (RIE) with its own `/opt` (the flightlock layer, or nothing), the real extension
-//! binary and a real runtime (`awslambdaric` for Python, `lambda_runtime` for Rust), against
-//! DynamoDB Local.
+//! binary and a real runtime (`awslambdaric` for Python, `aws-lambda-ric` for Node.js, a bash +
+//! curl custom runtime, `lambda_runtime` for Rust), against DynamoDB Local.
 //!
 //! Running them (from the repository root):
 //!
 //! ```text
 //! cargo build --workspace --bins          # the tests start target/debug/{flightlock-extension,demo-rust}
 //! eval "$(scripts/e2e-tools)"             # installs RIE + awslambdaric, exports FLIGHTLOCK_RIE / FLIGHTLOCK_PYTHON
+//! eval "$(scripts/node-tools)"            # installs the npm aws-lambda-ric, exports FLIGHTLOCK_NODE_RIC
 //! scripts/dynamodb-local run -- cargo test -p flightlock-e2e
 //! ```
 //!
@@ -40,6 +41,8 @@ use hyper_util::rt::TokioExecutor;
 pub const RIE_ENV: &str = "FLIGHTLOCK_RIE";
 /// Env var with the venv python that has `awslambdaric` (set by `scripts/e2e-tools`).
 pub const PYTHON_ENV: &str = "FLIGHTLOCK_PYTHON";
+/// Env var with the npm `aws-lambda-ric` entry point (set by `scripts/node-tools`).
+pub const NODE_RIC_ENV: &str = "FLIGHTLOCK_NODE_RIC";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -61,13 +64,18 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 fn tool(var: &str) -> PathBuf {
+    let script = if var == NODE_RIC_ENV {
+        "scripts/node-tools"
+    } else {
+        "scripts/e2e-tools"
+    };
     let path = std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run `eval \"$(scripts/e2e-tools)\"` first (it installs the Lambda Runtime Interface Emulator and awslambdaric into .tools/ and exports {RIE_ENV} and {PYTHON_ENV})")
+        panic!("{var} is not set: run `eval \"$({script})\"` first (it installs the tool into .tools/ and exports {var})")
     });
     let path = PathBuf::from(path);
     assert!(
         path.is_file(),
-        "{var}={} does not exist; re-run `eval \"$(scripts/e2e-tools)\"`",
+        "{var}={} does not exist; re-run `eval \"$({script})\"`",
         path.display()
     );
     path
@@ -104,6 +112,8 @@ pub enum Runtime {
     RustInProcess,
     /// `tests/e2e/runtimes/raw_runtime.py`, a bare stdlib client that records raw events.
     Raw,
+    /// `tests/e2e/runtimes/node_handler.mjs` under the npm `aws-lambda-ric` on Node.js.
+    Node,
     /// `tests/e2e/runtimes/curl_bootstrap.sh` as `bootstrap`: a bash + curl custom runtime as in
     /// the AWS tutorial, one short-lived curl process per Runtime API request.
     Curl,
@@ -225,6 +235,11 @@ impl Env {
             task.join("bootstrap"),
         )
         .unwrap();
+        std::fs::copy(
+            repo_root().join("tests/e2e/runtimes/node_handler.mjs"),
+            task.join("handler.mjs"),
+        )
+        .unwrap();
 
         let mut command: Vec<String> = Vec::new();
         if spec.wrapper {
@@ -243,6 +258,11 @@ impl Env {
                 command.push(workspace_bin("demo-rust").display().to_string());
             }
             Runtime::Curl => command.push(task.join("bootstrap").display().to_string()),
+            Runtime::Node => {
+                command.push("node".into());
+                command.push(tool(NODE_RIC_ENV).display().to_string());
+                command.push("handler.handler".into());
+            }
         }
 
         let port = free_port();
@@ -301,9 +321,15 @@ impl Env {
         env.insert("DEMO_RECORD_FILE".into(), record.display().to_string());
         env.insert("DEMO_ENV_NAME".into(), name.to_owned());
         env.insert("RAW_DIR".into(), dir.display().to_string());
-        if matches!(spec.runtime, Runtime::Python) {
-            // As Lambda's managed Python runtime sets it (the extension checks the wrapper then).
-            env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
+        // As Lambda's managed runtimes set it (the extension checks the wrapper then).
+        match spec.runtime {
+            Runtime::Python => {
+                env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
+            }
+            Runtime::Node => {
+                env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_nodejs20.x".into());
+            }
+            _ => {}
         }
         if spec.wrapper {
             // RIE does not run exec wrappers itself: the command above starts it, and this says
