@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use flightlock::LockGuard;
 use tokio::sync::watch;
 
 use crate::runtime_process::Proc;
@@ -19,16 +18,8 @@ use crate::runtime_process::Proc;
 /// event is ever missed).
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
-/// A held lock of one invocation.
-#[derive(Debug)]
-pub struct Held {
-    /// The guard (heartbeating).
-    pub guard: LockGuard,
-    /// Stops the task that watches the lost signal.
-    pub watcher: tokio::task::JoinHandle<()>,
-    /// The invocation's deadline (bounds the release).
-    pub deadline: Option<std::time::SystemTime>,
-}
+/// A held lock of one invocation (heartbeating until the gate releases it).
+pub use flightlock::gate::Held;
 
 /// One invocation.
 #[derive(Debug)]

@@ -17,14 +17,12 @@ use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::config::{
-    error_body, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, DEADLINE_MARGIN, EVENT_ERROR_TYPE,
-    KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-};
-use flightlock::{Error as LockError, HolderInfo, Locker, ReleaseOutcome};
+use flightlock::config::{error_body, Config, EVENT_ERROR_TYPE};
+use flightlock::gate::Gate;
+use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
@@ -39,7 +37,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tracing::{field, Instrument};
 
 use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
-use crate::invocations::{Held, Invocations, Slot};
+use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
@@ -49,7 +47,7 @@ use crate::runtime_process::{self, Proc};
 mod gate;
 mod next;
 
-pub use gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+pub use flightlock::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 pub use next::usable_request_id;
 use next::Fetched;
 
@@ -78,12 +76,11 @@ impl Default for Limits {
 #[derive(Debug)]
 pub struct Proxy {
     config: Arc<Config>,
-    locker: Locker,
+    /// The decisions (shared with the in-process layer): key, lock, skip / error, release.
+    gate: Gate,
     invocations: Arc<Invocations>,
-    metrics: Metrics,
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
-    host: String,
     /// Where `/proc` is (a seam for tests).
     proc_root: PathBuf,
     /// The runtime process last found (see [`runtime_process`]).
@@ -116,14 +113,13 @@ impl Proxy {
             .http1_preserve_header_case(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
+        let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics);
         Proxy {
             config,
-            locker,
+            gate,
             invocations,
-            metrics,
             client,
             upstream,
-            host,
             proc_root: PathBuf::from("/proc"),
             runtime: std::sync::Mutex::new(None),
             runtime_unknown_logged: AtomicBool::new(false),
@@ -164,12 +160,12 @@ impl Proxy {
 
     /// The locker.
     pub fn locker(&self) -> &Locker {
-        &self.locker
+        self.gate.locker()
     }
 
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        self.gate.metrics()
     }
 
     /// Replaces the connection limits (tests use small ones).

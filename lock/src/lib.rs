@@ -34,6 +34,7 @@
 //! | `queue` | inspecting a key's queue ([`QueueEntry`]) |
 //! | `table` | creating and checking the table |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep` |
+//! | `gate` | one decision per invocation (key, acquire within the deadline, skip / error, release) and EMF metrics, shared by the extension and `lambda` |
 //! | `config` | `FLIGHTLOCK_*` configuration and key templates (pure; shared by the extension and `lambda`) |
 //! | `lambda` | feature `lambda`: a tower layer that gates a `lambda_runtime` handler in-process |
 //!
@@ -53,6 +54,7 @@
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod gate;
 mod guard;
 mod heartbeat;
 #[cfg(feature = "lambda")]

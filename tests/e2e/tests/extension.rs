@@ -294,6 +294,11 @@ async fn without_the_wrapper_invocations_run_unenforced_and_are_reported() {
         "{}",
         env.log()
     );
+    // Each INVOKE is checked by its own task, which may log just after the invocation returned.
+    let until = Instant::now() + Duration::from_secs(5);
+    while env.log().matches("UNENFORCED: this invocation").count() < 2 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let log = env.log();
     assert_eq!(
         log.matches("UNENFORCED: this invocation").count(),
