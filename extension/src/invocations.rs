@@ -10,21 +10,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use flightlock::LockGuard;
 use tokio::sync::watch;
+
+use crate::runtime_process::Proc;
 
 /// Finished slots that nobody collected are dropped after this long (bounds memory if an INVOKE
 /// event is ever missed).
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
-/// A held lock of one invocation.
-#[derive(Debug)]
-pub struct Held {
-    /// The guard (heartbeating).
-    pub guard: LockGuard,
-    /// Stops the task that watches the lost signal.
-    pub watcher: tokio::task::JoinHandle<()>,
-}
+/// A held lock of one invocation (heartbeating until the gate releases it).
+pub use flightlock::gate::Held;
 
 /// One invocation.
 #[derive(Debug)]
@@ -33,7 +28,7 @@ pub struct Slot {
     seen: watch::Sender<bool>,
     done: watch::Sender<bool>,
     held: Mutex<Option<Held>>,
-    runtime: Mutex<Option<Arc<Mutex<Vec<u32>>>>>,
+    runtime: Mutex<Option<Proc>>,
     /// The invocation's tracing span (request id, key, ticket, wait time).
     pub span: Mutex<tracing::Span>,
 }
@@ -81,22 +76,14 @@ impl Slot {
         self.lock_held().take()
     }
 
-    /// Records the processes of the connection that received the event (filled in by the
-    /// proxy when it looked them up).
-    pub fn set_runtime(&self, pids: Arc<Mutex<Vec<u32>>>) {
-        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = Some(pids);
+    /// Records the runtime process that received the event (the root of its process tree).
+    pub fn set_runtime(&self, runtime: Option<Proc>) {
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = runtime;
     }
 
-    /// The processes of the runtime that received the event (empty: unknown).
-    pub fn runtime(&self) -> Vec<u32> {
-        let source = self
-            .runtime
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        source.map_or_else(Vec::new, |p| {
-            p.lock().unwrap_or_else(|e| e.into_inner()).clone()
-        })
+    /// The runtime process that received the event (`None`: unknown).
+    pub fn runtime(&self) -> Option<Proc> {
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The span (a clone).

@@ -12,12 +12,13 @@
 //! | module | what |
 //! |---|---|
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
-//! | `proxy` | the proxy: gate each event through the lock, forward everything else |
+//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
 //! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN |
 //! | `metrics` | CloudWatch EMF lines |
 //! | `body` | streamed bodies, end-of-body notification |
-//! | `peer` | which process the runtime is: one that dies mid-invocation releases at once |
+//! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
+//! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
 //! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::config`]; user docs, the skip and
 //! error bodies and the metric names are in `extension/README.md`.
@@ -26,6 +27,7 @@ pub mod body;
 pub mod invocations;
 pub mod lifecycle;
 pub mod metrics;
-pub mod peer;
 pub mod proxy;
 pub mod runtime_api;
+pub mod runtime_process;
+pub mod wrapper_check;

@@ -12,7 +12,8 @@ use flightlock::Locker;
 use flightlock_extension::invocations::Invocations;
 use flightlock_extension::lifecycle;
 use flightlock_extension::metrics::Metrics;
-use flightlock_extension::proxy::Proxy;
+use flightlock_extension::proxy::{self, Proxy};
+use flightlock_extension::wrapper_check;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -106,6 +107,16 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         }
     };
     init_tracing(&env, &config.log_level);
+    // Unenforced is caught before the first handler runs: a managed runtime that does not start
+    // through the wrapper fails init, saying what to set.
+    if let Err(msg) = wrapper_check::check(&env, &config) {
+        tracing::error!(error = %msg, "flightlock is not wired in");
+        fail_init(&env, &name, &msg).await;
+        return Err(msg.into());
+    }
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let config = Arc::new(config);
     let upstream = config
         .upstream
@@ -113,8 +124,16 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         .ok_or("no Runtime API upstream (set AWS_LAMBDA_RUNTIME_API or FLIGHTLOCK_UPSTREAM)")?;
 
     // 2. The lock. Credentials and endpoint come from the function's environment; nothing is
-    // fetched until the first acquisition.
+    // fetched until the first acquisition. Each decision is also bounded by the invocation's
+    // deadline (see `proxy::decision_budget`); the SDK timeouts make a hung attempt give way to
+    // a retry well inside that budget.
     let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(proxy::SDK_CONNECT_TIMEOUT)
+                .operation_attempt_timeout(proxy::SDK_ATTEMPT_TIMEOUT)
+                .build(),
+        )
         .load()
         .await;
     let locker = Locker::new(aws_sdk_dynamodb::Client::new(&aws), &config.table);

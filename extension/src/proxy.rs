@@ -12,15 +12,17 @@
 //! anything else ─────────────────────────► passed through unchanged (streamed)
 //! ```
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::config::{
-    error_body, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-};
-use flightlock::{Error as LockError, HolderInfo, Locker, ReleaseOutcome};
+use flightlock::config::{error_body, Config, EVENT_ERROR_TYPE};
+use flightlock::gate::Gate;
+use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
@@ -29,35 +31,68 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::{oneshot, Semaphore};
 use tracing::{field, Instrument};
 
 use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
-use crate::invocations::{Held, Invocations, Slot};
+use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
-use crate::peer;
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
 };
+use crate::runtime_process::{self, Proc};
 
-/// One runtime connection: the processes on the other end, looked up once when it is
-/// accepted (runtimes keep their connection for many invocations).
-#[derive(Debug, Clone)]
-struct Conn {
-    owners: Arc<std::sync::Mutex<Vec<u32>>>,
+mod gate;
+mod next;
+
+pub use flightlock::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+pub use next::usable_request_id;
+use next::Fetched;
+
+/// Limits on what runtime connections can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; more wait in the listen backlog. Default 256 (a Managed
+    /// Instances environment runs many invocations at once, each on its own connection).
+    pub max_connections: usize,
+    /// A connection that has not sent a complete request head this long after it connected
+    /// (or after its previous request) is closed. Default 60 s. An idle keep-alive connection
+    /// is closed too; runtime clients open a new one.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 256,
+            header_read_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The proxy's state, shared by all connections.
 #[derive(Debug)]
 pub struct Proxy {
     config: Arc<Config>,
-    locker: Locker,
+    /// The decisions (shared with the in-process layer): key, lock, skip / error, release.
+    gate: Gate,
     invocations: Arc<Invocations>,
-    metrics: Metrics,
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
-    host: String,
+    /// Where `/proc` is (a seam for tests).
+    proc_root: PathBuf,
+    /// The runtime process last found (see [`runtime_process`]).
+    runtime: std::sync::Mutex<Option<Proc>>,
+    /// Set once "the runtime is not known" has been logged.
+    runtime_unknown_logged: AtomicBool,
+    /// Connection limits.
+    limits: Limits,
+    /// Set when a runtime first asks the proxy for an event.
+    runtime_connected: AtomicBool,
+    /// Results of fetches whose runtime disconnected, for the next `GET next` (see [`Waiting`]).
+    orphans: std::sync::Mutex<VecDeque<oneshot::Receiver<Fetched>>>,
 }
 
 impl Proxy {
@@ -78,15 +113,44 @@ impl Proxy {
             .http1_preserve_header_case(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
+        let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics);
         Proxy {
             config,
-            locker,
+            gate,
             invocations,
-            metrics,
             client,
             upstream,
-            host,
+            proc_root: PathBuf::from("/proc"),
+            runtime: std::sync::Mutex::new(None),
+            runtime_unknown_logged: AtomicBool::new(false),
+            limits: Limits::default(),
+            runtime_connected: AtomicBool::new(false),
+            orphans: std::sync::Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// The runtime process (the one the wrapper exec'd, pointed at this proxy's port), if it
+    /// can be known; see [`runtime_process`].
+    async fn runtime_process(&self) -> Option<Proc> {
+        let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        let root = self.proc_root.clone();
+        let api = format!("127.0.0.1:{}", self.config.proxy_port);
+        let found = tokio::task::spawn_blocking(move || match cached {
+            Some(p) if runtime_process::is_alive(&root, p) => Some(p),
+            _ => runtime_process::find_runtime(&root, &api),
+        })
+        .await
+        .ok()
+        .flatten();
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = found;
+        if found.is_none() && !self.runtime_unknown_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the runtime process is not known (not started through /opt/flightlock-wrapper): \
+                 if it crashes mid-invocation its lock is released at SHUTDOWN or when the lease \
+                 (capped at the deadline) lapses, not at once"
+            );
+        }
+        found
     }
 
     /// The invocations in flight.
@@ -96,19 +160,49 @@ impl Proxy {
 
     /// The locker.
     pub fn locker(&self) -> &Locker {
-        &self.locker
+        self.gate.locker()
     }
 
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        self.gate.metrics()
+    }
+
+    /// Replaces the connection limits (tests use small ones).
+    pub fn with_limits(mut self, limits: Limits) -> Proxy {
+        self.limits = limits;
+        self
+    }
+
+    /// True once a runtime has asked the proxy for an event. A runtime started through the
+    /// wrapper does so before its first invocation can begin (Lambda starts invoking only after
+    /// the runtime's first `GET next`, which comes here first).
+    pub fn runtime_connected(&self) -> bool {
+        self.runtime_connected.load(Ordering::Relaxed)
+    }
+
+    /// Where `/proc` is.
+    pub fn proc_root(&self) -> &std::path::Path {
+        &self.proc_root
     }
 
     /// Serves connections from `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
-        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let slots = Arc::new(Semaphore::new(self.limits.max_connections));
+        let mut at_cap_logged = false;
         loop {
-            let (stream, peer) = match listener.accept().await {
+            // At the cap, new connections wait in the listen backlog until one ends.
+            if slots.available_permits() == 0 && !at_cap_logged {
+                at_cap_logged = true;
+                tracing::warn!(
+                    max = self.limits.max_connections,
+                    "proxy connection cap reached; new runtime connections wait for a free slot"
+                );
+            }
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
                     // Out of file descriptors and the like: pause instead of spinning.
@@ -121,19 +215,14 @@ impl Proxy {
                 tracing::debug!(error = %e, "could not set TCP_NODELAY");
             }
             let proxy = self.clone();
+            let header_read_timeout = self.limits.header_read_timeout;
             tokio::spawn(async move {
-                let conn = Conn {
-                    owners: Arc::default(),
-                };
-                let owners = conn.owners.clone();
-                tokio::task::spawn_blocking(move || {
-                    let pids = peer::socket_owners(peer.port(), port);
-                    tracing::debug!(?pids, peer_port = peer.port(), "runtime connection");
-                    *owners.lock().unwrap_or_else(|e| e.into_inner()) = pids;
-                });
-                let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
+                let _slot = slot;
+                let service = service_fn(move |req| proxy.clone().handle(req));
                 if let Err(e) = http1::Builder::new()
                     .preserve_header_case(true)
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_read_timeout)
                     .serve_connection(TokioIo::new(stream), service)
                     .await
                 {
@@ -146,10 +235,9 @@ impl Proxy {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
-        conn: Conn,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let response = match route(req.method(), req.uri().path()) {
-            Route::Next => self.next(req, conn).await,
+            Route::Next => self.next(req).await,
             Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
@@ -187,174 +275,6 @@ impl Proxy {
         }
         let resp = self.client.request(req.body(body)?).await?;
         Ok(resp.map(boxed))
-    }
-
-    /// `GET next`: fetch events upstream until one acquires its lock (or is not ours to gate).
-    async fn next(
-        &self,
-        req: Request<Incoming>,
-        conn: Conn,
-    ) -> Result<Response<ProxyBody>, BoxError> {
-        let (mut parts, _) = req.into_parts();
-        // The runtime's request body (a GET has none) is not forwarded: drop its framing so
-        // upstream does not wait for bytes that never come.
-        parts.headers.remove(http::header::CONTENT_LENGTH);
-        parts.headers.remove(http::header::TRANSFER_ENCODING);
-        loop {
-            let resp = self
-                .send(
-                    Method::GET,
-                    &parts.uri,
-                    parts.headers.clone(),
-                    parts.extensions.clone(),
-                    full(Bytes::new()),
-                )
-                .await?;
-            let request_id = resp
-                .headers()
-                .get(REQUEST_ID_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            let (Some(id), true) = (request_id, resp.status().is_success()) else {
-                // Not an event (an error from upstream): the runtime deals with it.
-                return Ok(resp);
-            };
-            let (rparts, body) = resp.into_parts();
-            let event = body.collect().await?.to_bytes();
-            let slot = self.invocations.slot(&id);
-            slot.mark_seen();
-            let deadline = rparts
-                .headers
-                .get(DEADLINE_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
-            let span = tracing::info_span!(
-                "invocation",
-                request_id = %id,
-                key = field::Empty,
-                ticket = field::Empty,
-                waited_ms = field::Empty
-            );
-            slot.set_span(span.clone());
-            if self
-                .gate(&id, &slot, deadline, &event)
-                .instrument(span)
-                .await
-            {
-                // Note who receives the event, to notice if it dies mid-invocation.
-                slot.set_runtime(conn.owners.clone());
-                return Ok(Response::from_parts(rparts, full(event)));
-            }
-        }
-    }
-
-    /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
-    /// was answered here (skipped or failed) and is done.
-    async fn gate(
-        &self,
-        id: &str,
-        slot: &Arc<Slot>,
-        deadline: Option<SystemTime>,
-        event: &[u8],
-    ) -> bool {
-        let span = tracing::Span::current();
-        let key = match self.config.key.render_bytes(event) {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot derive the lock key; failing the invocation");
-                self.metrics.count(Metric::KeyErrors);
-                self.answer(
-                    id,
-                    Some(KEY_ERROR_TYPE),
-                    &error_body(KEY_ERROR_TYPE, &e.to_string()),
-                )
-                .await;
-                slot.mark_done();
-                return false;
-            }
-        };
-        span.record("key", key.as_str());
-        let holder = HolderInfo {
-            function: self.config.function_name.clone(),
-            request_id: Some(id.to_owned()),
-            host: Some(self.host.clone()),
-        };
-        let opts = self
-            .config
-            .lock_options(deadline, SystemTime::now(), holder);
-        let started = Instant::now();
-        let result = self.locker.acquire(&key, &opts).await;
-        let waited_ms = started.elapsed().as_secs_f64() * 1000.0;
-        span.record("waited_ms", waited_ms as u64);
-        self.metrics.put(Metric::WaitTime, waited_ms);
-        match result {
-            Ok(guard) => {
-                span.record("ticket", guard.token());
-                tracing::info!("lock acquired");
-                self.metrics.count(Metric::Acquired);
-                let mut lost = guard.lost_signal();
-                let metrics = self.metrics.clone();
-                let watcher = tokio::spawn(
-                    async move {
-                        let reason = lost.wait().await;
-                        tracing::error!(%reason, "lock lost while the handler runs: another invocation may now hold the key");
-                        metrics.count(Metric::LockLost);
-                    }
-                    .instrument(span.clone()),
-                );
-                slot.hold(Held { guard, watcher });
-                true
-            }
-            Err(e @ LockError::Busy { .. }) => {
-                let held_by = match &e {
-                    LockError::Busy {
-                        holder: Some(h), ..
-                    } => Some((**h).clone()),
-                    // Lost the race to enqueue: one more read names the holder for the body.
-                    _ => self
-                        .locker
-                        .holder(&key, opts.clock_skew)
-                        .await
-                        .unwrap_or_else(|e| {
-                            tracing::debug!(error = %e, "could not read the holder");
-                            None
-                        }),
-                };
-                let held_by = held_by.as_ref();
-                match self.config.on_busy {
-                    OnBusy::Skip => {
-                        tracing::info!(reason = %e, "key busy: invocation skipped");
-                        self.metrics.count(Metric::Skipped);
-                        self.answer(id, None, &skipped_body(&key, held_by)).await;
-                    }
-                    OnBusy::Error => {
-                        tracing::info!(reason = %e, "key busy: invocation failed with {BUSY_ERROR_TYPE}");
-                        self.metrics.count(Metric::BusyErrors);
-                        self.answer(
-                            id,
-                            Some(BUSY_ERROR_TYPE),
-                            &error_body(BUSY_ERROR_TYPE, &e.to_string()),
-                        )
-                        .await;
-                    }
-                }
-                slot.mark_done();
-                false
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "could not take the lock; failing the invocation");
-                self.metrics.count(Metric::LockErrors);
-                self.answer(
-                    id,
-                    Some(LOCK_ERROR_TYPE),
-                    &error_body(LOCK_ERROR_TYPE, &e.to_string()),
-                )
-                .await;
-                slot.mark_done();
-                false
-            }
-        }
     }
 
     /// Answers invocation `id` upstream ourselves: a response, or an error of `error_type`.
@@ -424,53 +344,6 @@ impl Proxy {
         }
         .instrument(span)
         .await
-    }
-
-    /// Releases the lock held by `slot`, if any.
-    pub async fn release(&self, slot: &Slot) {
-        if let Some(held) = slot.take_held() {
-            self.release_held(held).await;
-        }
-    }
-
-    async fn release_held(&self, held: Held) {
-        let Held { guard, watcher } = held;
-        watcher.abort();
-        let failures = guard.heartbeat_failures();
-        if failures > 0 {
-            self.metrics.put(Metric::HeartbeatErrors, failures as f64);
-        }
-        match guard.release().await {
-            Ok(ReleaseOutcome::Released) => tracing::info!("lock released"),
-            Ok(ReleaseOutcome::Lost) => {
-                tracing::warn!("the lock had already been lost when the invocation ended")
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "release failed; the row goes stale after one lease");
-                self.metrics.count(Metric::ReleaseErrors);
-            }
-        }
-    }
-
-    /// Releases every held lock, within `budget` (shutdown).
-    pub async fn release_all(&self, budget: Duration) {
-        let held = self.invocations.take_all_held();
-        let n = held.len();
-        let releases = futures::future::join_all(held.into_iter().map(|h| self.release_held(h)));
-        let all = async {
-            releases.await;
-            self.locker.flush().await;
-        };
-        if tokio::time::timeout(budget, all).await.is_err() {
-            tracing::error!(
-                held = n,
-                budget_ms = budget.as_millis() as u64,
-                "shutdown budget spent before every lock was released; they lapse within a lease"
-            );
-            self.metrics.count(Metric::ReleaseErrors);
-        } else if n > 0 {
-            tracing::info!(released = n, "released held locks at shutdown");
-        }
     }
 }
 

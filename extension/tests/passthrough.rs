@@ -1,6 +1,7 @@
 //! The proxy forwards a runtime's streamed response upstream chunk by chunk, trailers included,
-//! and passes other paths (`/runtime/init/error`) through unchanged. No DynamoDB needed: these
-//! requests belong to no gated invocation.
+//! and passes other paths (`/runtime/init/error`) through unchanged; a stalled request head is
+//! cut off and connections beyond the cap wait. No DynamoDB needed: these requests belong to no
+//! gated invocation.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use flightlock::config::Config;
 use flightlock_extension::invocations::Invocations;
 use flightlock_extension::metrics::Metrics;
-use flightlock_extension::proxy::Proxy;
+use flightlock_extension::proxy::{Limits, Proxy};
 use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -90,6 +91,10 @@ async fn upstream() -> (String, mpsc::UnboundedReceiver<Event>) {
 }
 
 async fn proxy(upstream: &str) -> u16 {
+    proxy_with(upstream, Limits::default()).await
+}
+
+async fn proxy_with(upstream: &str, limits: Limits) -> u16 {
     let env = [
         ("FLIGHTLOCK_TABLE", "locks"),
         ("AWS_LAMBDA_FUNCTION_NAME", "f"),
@@ -104,14 +109,17 @@ async fn proxy(upstream: &str) -> u16 {
         flightlock_testkit::client("http://127.0.0.1:1").await,
         "locks",
     );
-    let proxy = Arc::new(Proxy::new(
-        config,
-        locker,
-        Arc::new(Invocations::default()),
-        Metrics::new(false, "f"),
-        upstream.to_owned(),
-        "test".to_owned(),
-    ));
+    let proxy = Arc::new(
+        Proxy::new(
+            config,
+            locker,
+            Arc::new(Invocations::default()),
+            Metrics::new(false, "f"),
+            upstream.to_owned(),
+            "test".to_owned(),
+        )
+        .with_limits(limits),
+    );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(proxy.serve(listener));
@@ -200,4 +208,63 @@ async fn init_errors_pass_through_unchanged() {
         got.headers["lambda-runtime-function-error-type"],
         "Init.Failed"
     );
+}
+
+const INIT_ERROR: &[u8] =
+    b"POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+
+#[tokio::test]
+async fn a_connection_that_never_finishes_its_request_head_is_closed() {
+    let (up, _seen) = upstream().await;
+    let port = proxy_with(
+        &up,
+        Limits {
+            header_read_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"GET /2018-06-01/runtime/invocation/next HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("the proxy closed the stalled connection")
+        .unwrap_or(0);
+    // Closed (EOF), possibly after a 408; never the forwarded request's answer.
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    let (up, mut seen) = upstream().await;
+    let port = proxy_with(
+        &up,
+        Limits {
+            max_connections: 1,
+            ..Limits::default()
+        },
+    )
+    .await;
+    // The one slot: a connection that has sent nothing yet.
+    let first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // Give the proxy a moment to take it into the slot before the second one comes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut second = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    second.write_all(INIT_ERROR).await.unwrap();
+    let mut buf = [0u8; 256];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), second.read(&mut buf))
+            .await
+            .is_err(),
+        "served beyond the cap"
+    );
+    assert!(seen.try_recv().is_err(), "forwarded beyond the cap");
+    // The slot frees up: the waiting connection is served.
+    drop(first);
+    assert_eq!(read_status(&mut second).await, "HTTP/1.1 202 Accepted");
+    assert_eq!(done(&mut seen).await.path, "/2018-06-01/runtime/init/error");
 }

@@ -15,11 +15,12 @@
 //! | `FLIGHTLOCK_LEASE` | lease length (≥ 100ms) | `20s` |
 //! | `FLIGHTLOCK_HEARTBEAT` | heartbeat interval (≤ lease / 2) | lease / 3 |
 //! | `FLIGHTLOCK_CLOCK_SKEW` | clock-skew allowance, or `unbounded` (clock-free) | `1s` |
-//! | `FLIGHTLOCK_DEADLINE_MARGIN` | time kept free before the invocation deadline | `1s` |
+//! | `FLIGHTLOCK_DEADLINE_MARGIN` | time kept free before the invocation deadline: waiting ends at deadline − margin, every lock decision at deadline − margin / 2 | `1s` |
 //! | `FLIGHTLOCK_PROXY_PORT` | proxy listener port on 127.0.0.1 | `9009` |
 //! | `FLIGHTLOCK_UPSTREAM` | Runtime API the proxy forwards to (`host:port`, `http://` optional) | `AWS_LAMBDA_RUNTIME_API` |
 //! | `FLIGHTLOCK_LOG_LEVEL` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `info` |
 //! | `FLIGHTLOCK_METRICS` | EMF metrics on stdout: `on`/`off` (also `true`/`false`, `1`/`0`) | `on` |
+//! | `FLIGHTLOCK_WRAPPER_CHECK` | extension only: on a managed runtime, fail init unless `AWS_LAMBDA_EXEC_WRAPPER` is the flightlock wrapper; `off` for chained wrappers that run it themselves | `on` |
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -29,6 +30,7 @@ use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
 use crate::schema::HolderInfo;
 
 mod key;
+mod seek;
 pub use key::{KeyError, KeyTemplate};
 
 /// Prefix of every flightlock variable.
@@ -57,6 +59,8 @@ pub const UPSTREAM: &str = "FLIGHTLOCK_UPSTREAM";
 pub const LOG_LEVEL: &str = "FLIGHTLOCK_LOG_LEVEL";
 /// Metrics on or off.
 pub const METRICS: &str = "FLIGHTLOCK_METRICS";
+/// The extension's init check of `AWS_LAMBDA_EXEC_WRAPPER`, on or off.
+pub const WRAPPER_CHECK: &str = "FLIGHTLOCK_WRAPPER_CHECK";
 
 /// Every variable [`Config::from_map`] understands.
 pub const KNOWN: &[&str] = &[
@@ -72,6 +76,7 @@ pub const KNOWN: &[&str] = &[
     UPSTREAM,
     LOG_LEVEL,
     METRICS,
+    WRAPPER_CHECK,
 ];
 
 /// Lambda's variable with the Runtime API address (`host:port`).
@@ -92,6 +97,9 @@ pub const BUSY_ERROR_TYPE: &str = "FlightlockBusy";
 pub const KEY_ERROR_TYPE: &str = "FlightlockKeyError";
 /// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
 pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
+/// `errorType` when the extension could not read an event from the Runtime API: the invocation
+/// is failed rather than handed to the runtime unlocked or incomplete.
+pub const EVENT_ERROR_TYPE: &str = "FlightlockEventError";
 
 /// A bad configuration value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,6 +152,9 @@ pub struct Config {
     pub log_level: String,
     /// `FLIGHTLOCK_METRICS`. Default on.
     pub metrics: bool,
+    /// `FLIGHTLOCK_WRAPPER_CHECK`. Default on. Used by the extension only (the in-process layer
+    /// needs no wrapper).
+    pub wrapper_check: bool,
     /// `AWS_LAMBDA_FUNCTION_NAME`, written into rows for people.
     pub function_name: Option<String>,
 }
@@ -291,18 +302,20 @@ impl Config {
                 lower
             }
         };
-        let metrics = match get(METRICS).map(|v| v.to_ascii_lowercase()).as_deref() {
-            None | Some("on" | "true" | "1" | "yes") => true,
-            Some("off" | "false" | "0" | "no") => false,
-            Some(_) => {
-                return Err(err(
-                    METRICS,
-                    get(METRICS).as_deref().unwrap_or_default(),
+        let switch = |name: &str| -> Result<bool, ConfigError> {
+            match get(name).map(|v| v.to_ascii_lowercase()).as_deref() {
+                None | Some("on" | "true" | "1" | "yes") => Ok(true),
+                Some("off" | "false" | "0" | "no") => Ok(false),
+                Some(_) => Err(err(
+                    name,
+                    get(name).as_deref().unwrap_or_default(),
                     "not a switch",
                     "on, off (also true/false, 1/0, yes/no)",
-                ))
+                )),
             }
         };
+        let metrics = switch(METRICS)?;
+        let wrapper_check = switch(WRAPPER_CHECK)?;
 
         let config = Config {
             table,
@@ -317,6 +330,7 @@ impl Config {
             upstream,
             log_level,
             metrics,
+            wrapper_check,
             function_name,
         };
         // Check lease / heartbeat / skew against each other now, at init, not at the first
@@ -343,6 +357,21 @@ impl Config {
                 )
             })?;
         Ok(config)
+    }
+
+    /// Settings that are valid but risky, each as a sentence for an init-time warning.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.key.reads_event() && self.on_busy == OnBusy::Skip {
+            warnings.push(format!(
+                "{KEY}={} reads the event and {ON_BUSY}=skip answers a busy event as a success: \
+                 for SQS, Kinesis and DynamoDB Streams triggers that deletes (or steps past) the \
+                 skipped records. For event sources whose events must all be processed set \
+                 {ON_BUSY}=error (see the flightlock docs for each trigger type)",
+                self.key
+            ));
+        }
+        warnings
     }
 
     /// The options of one acquisition for an invocation whose deadline is `deadline` (`None`: no
@@ -403,6 +432,46 @@ pub fn runtime_api_authority(value: &str) -> Result<String, String> {
     Ok(rest.to_owned())
 }
 
+/// Replaces ARNs (`arn:...`) and 12-digit AWS account ids in `message` with `<arn>` and
+/// `<account-id>`, for error bodies returned to callers: AWS error messages (access denied, ...)
+/// name roles and resources, which belong in the function's logs, not in a caller's hands. Pure.
+pub fn redact_aws_ids(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    let mut prev: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        let boundary = !prev.is_some_and(|p| p.is_ascii_alphanumeric());
+        if boundary && rest.starts_with("arn:") {
+            let end = rest
+                .find(|c: char| {
+                    c.is_whitespace() || matches!(c, '"' | '\'' | '`' | ',' | ')' | ']' | '}' | '>')
+                })
+                .unwrap_or(rest.len());
+            out.push_str("<arn>");
+            prev = Some('>');
+            rest = &rest[end..];
+            continue;
+        }
+        if c.is_ascii_digit() && boundary {
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            if end == 12 {
+                out.push_str("<account-id>");
+            } else {
+                out.push_str(&rest[..end]);
+            }
+            prev = Some('0');
+            rest = &rest[end..];
+            continue;
+        }
+        out.push(c);
+        prev = Some(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
 /// The success body answered for a skipped invocation:
 /// `{"flightlock":{"skipped":true,"key":"...","heldBy":{...} | null}}`.
 pub fn skipped_body(key: &str, held_by: Option<&HeldBy>) -> serde_json::Value {
@@ -459,6 +528,7 @@ mod tests {
         assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9001"));
         assert_eq!(c.log_level, "info");
         assert!(c.metrics);
+        assert!(c.wrapper_check);
     }
 
     #[test]
@@ -475,8 +545,10 @@ mod tests {
             (UPSTREAM, "http://127.0.0.1:9200/"),
             (LOG_LEVEL, "DEBUG"),
             (METRICS, "off"),
+            (WRAPPER_CHECK, "off"),
         ]))
         .unwrap();
+        assert!(!c.wrapper_check);
         assert!(c.key.reads_event());
         assert_eq!(c.wait, Wait::Forever);
         assert_eq!(c.on_busy, OnBusy::Error);
@@ -507,6 +579,7 @@ mod tests {
             (UPSTREAM, "localhost", "host:port"),
             (LOG_LEVEL, "loud", "debug"),
             (METRICS, "maybe", "on, off"),
+            (WRAPPER_CHECK, "sometimes", "on, off"),
             (KEY, "job-{detail}", "{/json/pointer}"),
             (KEY, "job-{/a", "{/json/pointer}"),
             (KEY, "a}b", "}}"),
@@ -574,6 +647,41 @@ mod tests {
             (o.wait, o.lease_cap),
             (Wait::For(Duration::from_secs(3)), None)
         );
+    }
+
+    #[test]
+    fn a_key_template_with_skip_is_warned_about() {
+        let c = Config::from_map(&with(&[(KEY, "job-{/detail/id}")])).unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("FLIGHTLOCK_ON_BUSY=error") && w[0].contains("SQS"),
+            "{w:?}"
+        );
+        let c = Config::from_map(&with(&[(KEY, "job-{/detail/id}"), (ON_BUSY, "error")])).unwrap();
+        assert!(c.warnings().is_empty());
+        assert!(Config::from_map(&with(&[])).unwrap().warnings().is_empty());
+    }
+
+    #[test]
+    fn aws_ids_are_kept_out_of_error_bodies() {
+        let msg = "access denied calling dynamodb:PutItem on `locks`: User: \
+                   arn:aws:sts::123456789012:assumed-role/r/f is not authorized to perform: \
+                   dynamodb:PutItem on resource: arn:aws:dynamodb:us-east-1:123456789012:table/locks \
+                   (account 123456789012, request 9876543210123, key job-42)";
+        let r = redact_aws_ids(msg);
+        assert!(!r.contains("123456789012") && !r.contains("arn:"), "{r}");
+        assert!(
+            r.contains("User: <arn> is not authorized")
+                && r.contains("resource: <arn> (account <account-id>, request 9876543210123"),
+            "{r}"
+        );
+        assert!(
+            r.contains("dynamodb:PutItem on `locks`") && r.contains("key job-42"),
+            "{r}"
+        );
+        // Words that merely contain "arn:" are left alone.
+        assert_eq!(redact_aws_ids("yarn: ok"), "yarn: ok");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! (within `min(wait, deadline - margin)`), heartbeat while it runs (never past the deadline plus
 //! [`LEASE_CAP_GRACE`](crate::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
 //! key skip (`{"flightlock":{"skipped":true,...}}`) or fail with `FlightlockBusy`. It reads the
-//! same `FLIGHTLOCK_*` variables as the extension ([`crate::config`]).
+//! same `FLIGHTLOCK_*` variables as the extension ([`crate::config`]) and decides through the
+//! same [`Gate`] (same deadline bounds, logs and EMF metrics); `FLIGHTLOCK_PROXY_PORT`,
+//! `FLIGHTLOCK_UPSTREAM` and `FLIGHTLOCK_WRAPPER_CHECK` concern the extension only.
 //!
 //! OS-only runtimes (`provided.al2023`) do not run `AWS_LAMBDA_EXEC_WRAPPER` scripts, so the
 //! layer's proxy cannot be put in front of a Rust or Go function that way. Two routes:
@@ -37,17 +39,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use lambda_runtime::tower::{Layer, Service};
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::config::{
-    skipped_body, Config, ConfigError, OnBusy, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-};
-use crate::{Error, HolderInfo, Locker, ReleaseOutcome};
+use crate::config::{Config, ConfigError, KEY_ERROR_TYPE};
+use crate::gate::{Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use crate::Locker;
 
 /// What the wrapped handler answers: its own response, or the skip body.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -62,21 +62,24 @@ pub enum Gated<R> {
 /// Builds [`Flightlock`] services. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct FlightlockLayer {
-    locker: Locker,
-    config: Arc<Config>,
-    host: String,
+    gate: Gate,
 }
 
 impl FlightlockLayer {
     /// A layer from an explicit locker and configuration.
     pub fn new(locker: Locker, config: Config) -> FlightlockLayer {
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "lambda".to_owned());
         FlightlockLayer {
-            locker,
-            config: Arc::new(config),
-            host: format!("{host}:{}", std::process::id()),
+            gate: Gate::new(
+                Arc::new(config),
+                locker,
+                format!("{host}:{}", std::process::id()),
+            ),
         }
     }
 
@@ -84,7 +87,14 @@ impl FlightlockLayer {
     /// `std::env::vars().collect()`), with a DynamoDB client from the function's AWS settings.
     pub async fn from_env(env: &HashMap<String, String>) -> Result<FlightlockLayer, ConfigError> {
         let config = Config::from_map(env)?;
+        // As in the extension: a hung attempt gives way to a retry inside the decision budget.
         let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(SDK_CONNECT_TIMEOUT)
+                    .operation_attempt_timeout(SDK_ATTEMPT_TIMEOUT)
+                    .build(),
+            )
             .load()
             .await;
         let locker = Locker::new(aws_sdk_dynamodb::Client::new(&aws), &config.table);
@@ -93,7 +103,7 @@ impl FlightlockLayer {
 
     /// The configuration in force.
     pub fn config(&self) -> &Config {
-        &self.config
+        self.gate.config()
     }
 }
 
@@ -152,76 +162,29 @@ where
         );
         Box::pin(
             async move {
-                let config = &layer.config;
-                let key = if config.key.reads_event() {
-                    serde_json::to_value(&event.payload)
-                        .map_err(|e| diagnostic(KEY_ERROR_TYPE, e.to_string()))
-                        .and_then(|v| {
-                            config
-                                .key
-                                .render(&v)
-                                .map_err(|e| diagnostic(KEY_ERROR_TYPE, e.to_string()))
-                        })?
-                } else {
-                    config
-                        .key
-                        .render(&serde_json::Value::Null)
+                let gate = &layer.gate;
+                // Only a template that reads the event needs its bytes.
+                let bytes = if gate.config().key.reads_event() {
+                    serde_json::to_vec(&event.payload)
                         .map_err(|e| diagnostic(KEY_ERROR_TYPE, e.to_string()))?
+                } else {
+                    Vec::new()
                 };
-                let span = tracing::Span::current();
-                span.record("key", key.as_str());
-                let holder = HolderInfo {
-                    function: config.function_name.clone(),
-                    request_id: Some(event.context.request_id.clone()),
-                    host: Some(layer.host.clone()),
-                };
-                let opts =
-                    config.lock_options(Some(event.context.deadline()), SystemTime::now(), holder);
-                let guard = match layer.locker.acquire(&key, &opts).await {
-                    Ok(g) => g,
-                    Err(e @ Error::Busy { .. }) => {
-                        let held_by = match &e {
-                            Error::Busy {
-                                holder: Some(h), ..
-                            } => Some((**h).clone()),
-                            // Lost the race to enqueue: one more read names the holder.
-                            _ => layer.locker.holder(&key, opts.clock_skew).await.unwrap_or_else(|e| {
-                                tracing::debug!(error = %e, "could not read the holder");
-                                None
-                            }),
-                        };
-                        let held_by = held_by.as_ref();
-                        return match config.on_busy {
-                            OnBusy::Skip => {
-                                tracing::info!(reason = %e, "key busy: invocation skipped");
-                                Ok(Gated::Skipped(skipped_body(&key, held_by)))
-                            }
-                            OnBusy::Error => {
-                                tracing::info!(reason = %e, "key busy: invocation failed");
-                                Err(diagnostic(BUSY_ERROR_TYPE, e.to_string()))
-                            }
-                        };
+                let deadline = Some(event.context.deadline());
+                let request_id = event.context.request_id.clone();
+                match gate.decide(&request_id, deadline, &bytes).await {
+                    Outcome::Acquired(held) => {
+                        let result: Result<R, Diagnostic> =
+                            inner.call(event).await.map_err(Into::into);
+                        gate.release(held).await;
+                        result.map(Gated::Ran)
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "could not take the lock");
-                        return Err(diagnostic(LOCK_ERROR_TYPE, e.to_string()));
-                    }
-                };
-                span.record("ticket", guard.token());
-                span.record("waited_ms", guard.waited().as_millis() as u64);
-                tracing::info!("lock acquired");
-                let result: Result<R, Diagnostic> = inner.call(event).await.map_err(Into::into);
-                if let Some(reason) = guard.lost_reason() {
-                    tracing::error!(%reason, "the lock was lost while the handler ran");
+                    Outcome::Skipped(body) => Ok(Gated::Skipped(body)),
+                    Outcome::Failed { error_type, body } => Err(diagnostic(
+                        error_type,
+                        body["errorMessage"].as_str().unwrap_or_default(),
+                    )),
                 }
-                match guard.release().await {
-                    Ok(ReleaseOutcome::Released) => tracing::info!("lock released"),
-                    Ok(ReleaseOutcome::Lost) => tracing::warn!("the lock was already lost"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "release failed; the row lapses after one lease")
-                    }
-                }
-                result.map(Gated::Ran)
             }
             .instrument(span),
         )
@@ -231,6 +194,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::skipped_body;
 
     #[test]
     fn gated_serializes_transparently() {

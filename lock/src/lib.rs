@@ -22,7 +22,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | `storage` | the five requests of the protocol as values, and the seam they cross |
+//! | `storage` | the six requests of the protocol as values, and the seam they cross |
 //! | `store` | those requests on DynamoDB, one API call each (I/O) |
 //! | `sim` | (tests) deterministic simulation of the protocol against a model of the table |
 //! | `schema` | table schema: attribute names, sort keys, item encoding (pure) |
@@ -37,6 +37,7 @@
 //! | `queue` | inspecting a key's queue ([`QueueEntry`]) |
 //! | `table` | creating and checking the table |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep` |
+//! | `gate` | one decision per invocation (key, acquire within the deadline, skip / error, release) and EMF metrics, shared by the extension and `lambda` |
 //! | `config` | `FLIGHTLOCK_*` configuration and key templates (pure; shared by the extension and `lambda`) |
 //! | `lambda` | feature `lambda`: a tower layer that gates a `lambda_runtime` handler in-process |
 //!
@@ -59,6 +60,7 @@
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod gate;
 mod guard;
 mod heartbeat;
 #[cfg(feature = "lambda")]

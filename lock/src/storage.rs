@@ -1,4 +1,4 @@
-//! The storage seam: the five requests the protocol makes, as values.
+//! The storage seam: the six requests the protocol makes, as values.
 //!
 //! The protocol (`locker.rs`, `heartbeat.rs`) never talks to DynamoDB directly. It builds a
 //! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::seek::{self, Found};
 use crate::schema::validate_key;
 
 /// One piece of a [`KeyTemplate`].
@@ -128,17 +129,47 @@ impl KeyTemplate {
         &self.source
     }
 
-    /// Renders the key from the raw event bytes (parsed only if the template reads the event).
+    /// Renders the key from the raw event bytes, with memory bounded by the template, not the
+    /// event: each placeholder's field is found by a streaming walk that skips everything else
+    /// (see `config/seek.rs`); no `serde_json::Value` of the event is built. The event is
+    /// parsed only if the template reads it. Same results as [`KeyTemplate::render`].
     pub fn render_bytes(&self, event: &[u8]) -> Result<String, KeyError> {
         if !self.reads_event() {
             return self.render(&serde_json::Value::Null);
         }
-        let value: serde_json::Value =
-            serde_json::from_slice(event).map_err(|e| KeyError::NotJson {
-                template: self.source.clone(),
-                problem: e.to_string(),
-            })?;
-        self.render(&value)
+        let mut key = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => key.push_str(t),
+                Part::Pointer(p) => {
+                    let found =
+                        seek::find(event, &seek::tokens(p)).map_err(|e| KeyError::NotJson {
+                            template: self.source.clone(),
+                            problem: e.to_string(),
+                        })?;
+                    match found {
+                        Found::Str(s) | Found::Scalar(s) => key.push_str(&s),
+                        Found::Missing => {
+                            return Err(KeyError::Missing {
+                                template: self.source.clone(),
+                                pointer: p.clone(),
+                            })
+                        }
+                        Found::Composite => {
+                            return Err(KeyError::NotScalar {
+                                template: self.source.clone(),
+                                pointer: p.clone(),
+                            })
+                        }
+                    }
+                }
+            }
+        }
+        validate_key(&key).map_err(|e| KeyError::InvalidKey {
+            template: self.source.clone(),
+            problem: e.to_string(),
+        })?;
+        Ok(key)
     }
 
     /// Renders the key from a parsed event.
@@ -221,5 +252,67 @@ mod tests {
                 .unwrap(),
             "a{b}"
         );
+    }
+
+    #[test]
+    fn the_streaming_walk_agrees_with_serde_json_value() {
+        let docs = [
+            r#"{"a":{"b":[10,{"c":"x"},true]},"n":-1.5e3,"u":18446744073709551615,"z":null}"#,
+            r#"{"a":1,"a":{"b":[0,1,2]},"s":"\u00e9\"q\"","e":{},"l":[],"k/~":"slash"}"#,
+            r#"[{"a":"in array"},"two"]"#,
+            r#""just a string""#,
+            r#"{"big":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","deep":[[[[["d"]]]]],"f":0.1}"#,
+        ];
+        let pointers = [
+            "/a",
+            "/a/b",
+            "/a/b/0",
+            "/a/b/1/c",
+            "/a/b/2",
+            "/a/b/3",
+            "/a/b/01",
+            "/a/b/+1",
+            "/n",
+            "/u",
+            "/z",
+            "/s",
+            "/e",
+            "/l",
+            "/k~1~0",
+            "/0/a",
+            "/1",
+            "/2",
+            "/big",
+            "/deep/0/0/0/0/0",
+            "/f",
+            "/missing",
+            "/a/b/1/c/d",
+            "/n/x",
+        ];
+        for doc in docs {
+            let value: serde_json::Value = serde_json::from_str(doc).unwrap();
+            for p in pointers {
+                let t = KeyTemplate::parse(&format!("k-{{{p}}}")).unwrap();
+                assert_eq!(
+                    t.render_bytes(doc.as_bytes()),
+                    t.render(&value),
+                    "pointer {p} in {doc}"
+                );
+            }
+        }
+        // Anything that is not JSON, even after the field, is refused as before.
+        let t = KeyTemplate::parse("{/a}").unwrap();
+        for bad in [
+            &b"{\"a\":\"x\"} trailing"[..],
+            b"{\"a\":\"x\",}",
+            b"{\"a\":\"x\"",
+            b"",
+        ] {
+            assert!(
+                matches!(t.render_bytes(bad), Err(KeyError::NotJson { .. })),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

@@ -1,19 +1,21 @@
 //! End-to-end harness: emulated Lambda execution environments, each one Runtime Interface
 //! Emulator (RIE) with its own `/opt` (the flightlock layer, or nothing), the real extension
-//! binary and a real runtime (`awslambdaric` for Python, `lambda_runtime` for Rust), against
-//! DynamoDB Local.
+//! binary and a real runtime (`awslambdaric` for Python, `aws-lambda-ric` for Node.js, a bash +
+//! curl custom runtime, `lambda_runtime` for Rust), against DynamoDB Local.
 //!
 //! Running them (from the repository root):
 //!
 //! ```text
 //! cargo build --workspace --bins          # the tests start target/debug/{flightlock-extension,demo-rust}
 //! eval "$(scripts/e2e-tools)"             # installs RIE + awslambdaric, exports FLIGHTLOCK_RIE / FLIGHTLOCK_PYTHON
+//! eval "$(scripts/node-tools)"            # installs the npm aws-lambda-ric, exports FLIGHTLOCK_NODE_RIC
 //! scripts/dynamodb-local run -- cargo test -p flightlock-e2e
 //! ```
 //!
 //! Each [`Env`] runs in a private mount namespace and PID namespace (`unshare --mount --pid
-//! --fork --kill-child`, as root): its `/opt` is a bind mount of a temporary directory laid out
-//! like the layer, and dropping the `Env` kills the whole namespace (RIE, extension, runtime).
+//! --fork --mount-proc --kill-child`, as root): its `/opt` is a bind mount of a temporary
+//! directory laid out like the layer, and dropping the `Env` kills the whole namespace (RIE,
+//! extension, runtime).
 //! Every port is on 127.0.0.1: RIE's invoke endpoint (`--runtime-interface-emulator-address`),
 //! its Runtime API (`--runtime-api-address`) and the flightlock proxy (`FLIGHTLOCK_PROXY_PORT`).
 
@@ -21,6 +23,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_lambda;
+mod rounds;
+
+pub use rounds::{check_skip_round, finish, invoke_all, record_file, start_all, stop_all};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,8 @@ use hyper_util::rt::TokioExecutor;
 pub const RIE_ENV: &str = "FLIGHTLOCK_RIE";
 /// Env var with the venv python that has `awslambdaric` (set by `scripts/e2e-tools`).
 pub const PYTHON_ENV: &str = "FLIGHTLOCK_PYTHON";
+/// Env var with the npm `aws-lambda-ric` entry point (set by `scripts/node-tools`).
+pub const NODE_RIC_ENV: &str = "FLIGHTLOCK_NODE_RIC";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -57,13 +64,18 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 fn tool(var: &str) -> PathBuf {
+    let script = if var == NODE_RIC_ENV {
+        "scripts/node-tools"
+    } else {
+        "scripts/e2e-tools"
+    };
     let path = std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run `eval \"$(scripts/e2e-tools)\"` first (it installs the Lambda Runtime Interface Emulator and awslambdaric into .tools/ and exports {RIE_ENV} and {PYTHON_ENV})")
+        panic!("{var} is not set: run `eval \"$({script})\"` first (it installs the tool into .tools/ and exports {var})")
     });
     let path = PathBuf::from(path);
     assert!(
         path.is_file(),
-        "{var}={} does not exist; re-run `eval \"$(scripts/e2e-tools)\"`",
+        "{var}={} does not exist; re-run `eval \"$({script})\"`",
         path.display()
     );
     path
@@ -100,6 +112,11 @@ pub enum Runtime {
     RustInProcess,
     /// `tests/e2e/runtimes/raw_runtime.py`, a bare stdlib client that records raw events.
     Raw,
+    /// `tests/e2e/runtimes/node_handler.mjs` under the npm `aws-lambda-ric` on Node.js.
+    Node,
+    /// `tests/e2e/runtimes/curl_bootstrap.sh` as `bootstrap`: a bash + curl custom runtime as in
+    /// the AWS tutorial, one short-lived curl process per Runtime API request.
+    Curl,
 }
 
 /// How an environment is laid out.
@@ -145,6 +162,8 @@ pub struct Env {
     pub name: String,
     /// The RIE invoke port.
     pub port: u16,
+    /// The flightlock proxy port (`FLIGHTLOCK_PROXY_PORT`).
+    pub proxy_port: u16,
     /// The environment's private directory (its /opt, task dir, log).
     pub dir: PathBuf,
     child: tokio::process::Child,
@@ -211,6 +230,16 @@ impl Env {
             task.join("raw_runtime.py"),
         )
         .unwrap();
+        std::fs::copy(
+            repo_root().join("tests/e2e/runtimes/curl_bootstrap.sh"),
+            task.join("bootstrap"),
+        )
+        .unwrap();
+        std::fs::copy(
+            repo_root().join("tests/e2e/runtimes/node_handler.mjs"),
+            task.join("handler.mjs"),
+        )
+        .unwrap();
 
         let mut command: Vec<String> = Vec::new();
         if spec.wrapper {
@@ -228,6 +257,12 @@ impl Env {
             Runtime::Rust | Runtime::RustInProcess => {
                 command.push(workspace_bin("demo-rust").display().to_string());
             }
+            Runtime::Curl => command.push(task.join("bootstrap").display().to_string()),
+            Runtime::Node => {
+                command.push("node".into());
+                command.push(tool(NODE_RIC_ENV).display().to_string());
+                command.push("handler.handler".into());
+            }
         }
 
         let port = free_port();
@@ -235,22 +270,32 @@ impl Env {
         let proxy_port = free_port();
         let log = std::fs::File::create(dir.join("env.log")).unwrap();
         let mut cmd = tokio::process::Command::new("unshare");
-        cmd.args(["--mount", "--pid", "--fork", "--kill-child", "sh", "-c"])
-            .arg(r#"mount --bind "$1" /opt || exit 97; shift; exec "$@""#)
-            .arg("sh")
-            .arg(&opt)
-            .arg(&rie)
-            .arg("--runtime-interface-emulator-address")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--runtime-api-address")
-            .arg(format!("127.0.0.1:{api_port}"))
-            .args(&command)
-            .current_dir(&task)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .kill_on_drop(true);
+        // --mount-proc: the environment sees its own processes in /proc with its own pids, as a
+        // Lambda sandbox does (the extension finds the runtime's process tree there).
+        cmd.args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "sh",
+            "-c",
+        ])
+        .arg(r#"mount --bind "$1" /opt || exit 97; shift; exec "$@""#)
+        .arg("sh")
+        .arg(&opt)
+        .arg(&rie)
+        .arg("--runtime-interface-emulator-address")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--runtime-api-address")
+        .arg(format!("127.0.0.1:{api_port}"))
+        .args(&command)
+        .current_dir(&task)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true);
         let mut env: HashMap<String, String> = [
             ("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
             ("HOME", "/tmp"),
@@ -276,6 +321,24 @@ impl Env {
         env.insert("DEMO_RECORD_FILE".into(), record.display().to_string());
         env.insert("DEMO_ENV_NAME".into(), name.to_owned());
         env.insert("RAW_DIR".into(), dir.display().to_string());
+        // As Lambda's managed runtimes set it (the extension checks the wrapper then).
+        match spec.runtime {
+            Runtime::Python => {
+                env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
+            }
+            Runtime::Node => {
+                env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_nodejs20.x".into());
+            }
+            _ => {}
+        }
+        if spec.wrapper {
+            // RIE does not run exec wrappers itself: the command above starts it, and this says
+            // so as Lambda would see it.
+            env.insert(
+                "AWS_LAMBDA_EXEC_WRAPPER".into(),
+                "/opt/flightlock-wrapper".into(),
+            );
+        }
         if matches!(spec.runtime, Runtime::RustInProcess) {
             env.insert("DEMO_IN_PROCESS_LOCK".into(), "1".into());
         }
@@ -289,6 +352,7 @@ impl Env {
         let e = Env {
             name: name.to_owned(),
             port,
+            proxy_port,
             dir,
             child,
         };

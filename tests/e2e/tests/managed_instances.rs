@@ -267,3 +267,82 @@ async fn chains_with_another_proxy_through_flightlock_upstream() {
     let _ = ext.start_kill();
     let _ = ext.wait().await;
 }
+
+/// Starts the real extension against `fake`, gating `job-{/k}` with wait 0; returns once its
+/// proxy listens.
+async fn spawn_extension(
+    fake: &FakeLambda,
+    endpoint: &str,
+    table: &str,
+    proxy_port: u16,
+) -> tokio::process::Child {
+    let ext = tokio::process::Command::new(workspace_bin("flightlock-extension"))
+        .env_clear()
+        .env("AWS_LAMBDA_RUNTIME_API", fake.addr.to_string())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "fake")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FLIGHTLOCK_TABLE", table)
+        .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
+        .env("FLIGHTLOCK_KEY", "job-{/k}")
+        .env("FLIGHTLOCK_WAIT", "0")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", proxy_port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "proxy did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ext
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_invocations_in_flight_is_handled_at_once() {
+    let (endpoint, table) = table("e2e_mi_shutdown").await;
+    let fake = FakeLambda::start().await;
+    let proxy_port = free_port();
+    let mut ext = spawn_extension(&fake, &endpoint, &table, proxy_port).await;
+    // Two invocations in flight (60 s deadlines), handed to the runtime and never answered.
+    fake.invoke("s1", json!({"k": "a"})).await;
+    fake.invoke("s2", json!({"k": "b"})).await;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    for _ in 0..2 {
+        let got = tokio::time::timeout(Duration::from_secs(10), next(client.clone(), proxy_port))
+            .await
+            .expect("an event is handed over");
+        assert!(["s1", "s2"].contains(&got.0.as_str()), "{got:?}");
+    }
+    let locker = flightlock::Locker::new(flightlock_testkit::client(&endpoint).await, &table);
+    let skew = flightlock::ClockSkew::Bounded(Duration::from_secs(1));
+    for key in ["job-a", "job-b"] {
+        assert_eq!(locker.queue(key, skew).await.unwrap().len(), 1, "{key}");
+    }
+    // A later invocation's INVOKE and the SHUTDOWN do not queue behind the unfinished ones:
+    // both locks are released and the extension exits, long before any deadline.
+    fake.invoke("s3", json!({"k": "c"})).await;
+    fake.extension_event(json!({
+        "eventType": "SHUTDOWN", "shutdownReason": "spindown",
+        "deadlineMs": (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() + 2000) as u64
+    }))
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(10), ext.wait())
+        .await
+        .expect("SHUTDOWN was not handled while invocations were in flight")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    for key in ["job-a", "job-b"] {
+        let q = locker.queue(key, skew).await.unwrap();
+        assert!(q.is_empty(), "{key} still held after SHUTDOWN: {q:?}");
+    }
+}

@@ -1,0 +1,62 @@
+//! Gating one event through the shared [`flightlock::gate::Gate`] and answering upstream what
+//! it decided; releasing.
+
+use super::*;
+use flightlock::gate::Outcome;
+
+impl Proxy {
+    /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
+    /// was answered here (skipped or failed) and is done.
+    pub(super) async fn gate(
+        &self,
+        id: &str,
+        slot: &Arc<Slot>,
+        deadline: Option<SystemTime>,
+        event: &[u8],
+    ) -> bool {
+        match self.gate.decide(id, deadline, event).await {
+            Outcome::Acquired(held) => {
+                slot.hold(held);
+                true
+            }
+            Outcome::Skipped(body) => {
+                self.answer(id, None, &body).await;
+                slot.mark_done();
+                false
+            }
+            Outcome::Failed { error_type, body } => {
+                self.answer(id, Some(error_type), &body).await;
+                slot.mark_done();
+                false
+            }
+        }
+    }
+
+    /// Releases the lock held by `slot`, if any.
+    pub async fn release(&self, slot: &Slot) {
+        if let Some(held) = slot.take_held() {
+            self.gate.release(held).await;
+        }
+    }
+
+    /// Releases every held lock, within `budget` (shutdown).
+    pub async fn release_all(&self, budget: Duration) {
+        let held = self.invocations.take_all_held();
+        let n = held.len();
+        let releases = futures::future::join_all(held.into_iter().map(|h| self.gate.release(h)));
+        let all = async {
+            releases.await;
+            self.gate.locker().flush().await;
+        };
+        if tokio::time::timeout(budget, all).await.is_err() {
+            tracing::error!(
+                held = n,
+                budget_ms = budget.as_millis() as u64,
+                "shutdown budget spent before every lock was released; they lapse within a lease"
+            );
+            self.gate.metrics().count(Metric::ReleaseErrors);
+        } else if n > 0 {
+            tracing::info!(released = n, "released held locks at shutdown");
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! The gate: one decision per invocation, shared by the Lambda extension's proxy and the
+//! in-process tower layer ([`crate::lambda`]), with the same logs and the same CloudWatch
+//! Embedded Metric Format (EMF) metrics.
+//!
+//! ```text
+//! event bytes ─► key from the template ─┬─ error ─────────────► Failed(FlightlockKeyError)
+//!                                        └─ acquire, bounded by the invocation deadline
+//!                                            ├─ held ──────────► Acquired (heartbeating)
+//!                                            ├─ busy ──────────► Skipped(body) | Failed(FlightlockBusy)
+//!                                            └─ error / late ──► Failed(FlightlockLockError)
+//! ```
+//!
+//! Every decision ends before the deadline: the acquisition (each DynamoDB attempt and retry
+//! included) is bounded by [`decision_budget`]; releases by [`release_budget`]. Error bodies
+//! carry no ARNs or account ids ([`redact_aws_ids`]); the logs have the full errors.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tracing::Instrument;
+
+use crate::config::{
+    error_body, redact_aws_ids, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, DEADLINE_MARGIN,
+    KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
+};
+use crate::{Error, HolderInfo, LockGuard, Locker, ReleaseOutcome};
+
+/// Connect timeout for the DynamoDB client of a gate (a regional endpoint answers in ms).
+pub const SDK_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Per-attempt timeout for the DynamoDB client of a gate: a hung attempt gives way to a retry
+/// well inside a decision budget (the locker's default is 5 s, longer than a 3 s function's).
+pub const SDK_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Releasing never takes less than this, even at the deadline (the row lapses anyway).
+const RELEASE_MIN: Duration = Duration::from_millis(500);
+/// Releasing never takes longer than this after the invocation ended.
+const RELEASE_MAX: Duration = Duration::from_secs(3);
+
+/// How long the decision for an invocation may take (acquire, and the holder read of a busy
+/// key), when `left` is the time until its deadline: up to half of the deadline margin before
+/// the deadline, so the answer (skip body or error) still goes out in time. The lock's own wait
+/// ends a full margin before the deadline (see [`Config::lock_options`]), so a key that stays
+/// held is reported as busy, not as a timeout. With less than a margin left, half of what is
+/// left. Pure.
+pub fn decision_budget(left: Duration, margin: Duration) -> Duration {
+    left.saturating_sub(margin / 2).max(left / 2)
+}
+
+/// How long a release may take, when `left` is the time until the deadline (`None`: unknown).
+pub fn release_budget(left: Option<Duration>) -> Duration {
+    left.unwrap_or(RELEASE_MAX).clamp(RELEASE_MIN, RELEASE_MAX)
+}
+
+/// Time until `deadline`, zero if past.
+fn until(deadline: SystemTime) -> Duration {
+    deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Metric namespace.
+pub const NAMESPACE: &str = "flightlock";
+
+/// The metrics flightlock emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// An invocation got the lock (Count).
+    Acquired,
+    /// An invocation was answered without running: key busy, policy `skip` (Count).
+    Skipped,
+    /// An invocation was answered with `FlightlockBusy`: key busy, policy `error` (Count).
+    BusyErrors,
+    /// How long an acquisition waited (Milliseconds), acquired or not.
+    WaitTime,
+    /// A held lock was lost while the handler ran (Count).
+    LockLost,
+    /// Heartbeats that failed and were retried (Count).
+    HeartbeatErrors,
+    /// Releases that failed (Count); the row then goes stale after one lease.
+    ReleaseErrors,
+    /// INVOKE events for requests that never went through the proxy: the wrapper is not
+    /// configured and the lock is NOT enforced (Count; extension only).
+    UnenforcedInvocations,
+    /// The key template could not be rendered from the event (Count).
+    KeyErrors,
+    /// The lock could not be taken for another reason, e.g. DynamoDB unreachable (Count).
+    LockErrors,
+    /// An event from the Runtime API could not be gated (no usable request id, unreadable
+    /// body) and was failed, never passed on ungated (Count; extension only).
+    EventErrors,
+}
+
+impl Metric {
+    /// The metric name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Acquired => "Acquired",
+            Metric::Skipped => "Skipped",
+            Metric::BusyErrors => "BusyErrors",
+            Metric::WaitTime => "WaitTime",
+            Metric::LockLost => "LockLost",
+            Metric::HeartbeatErrors => "HeartbeatErrors",
+            Metric::ReleaseErrors => "ReleaseErrors",
+            Metric::UnenforcedInvocations => "UnenforcedInvocations",
+            Metric::KeyErrors => "KeyErrors",
+            Metric::LockErrors => "LockErrors",
+            Metric::EventErrors => "EventErrors",
+        }
+    }
+
+    /// The CloudWatch unit.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::WaitTime => "Milliseconds",
+            _ => "Count",
+        }
+    }
+}
+
+/// One EMF line (without the newline) for `metric` = `value` at `timestamp_ms`, dimension
+/// `FunctionName`. Pure.
+pub fn emf_line(function: &str, metric: Metric, value: f64, timestamp_ms: u128) -> String {
+    let mut doc = serde_json::json!({
+        "_aws": {
+            "Timestamp": timestamp_ms as u64,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["FunctionName"]],
+                "Metrics": [{ "Name": metric.name(), "Unit": metric.unit() }],
+            }],
+        },
+        "FunctionName": function,
+    });
+    doc[metric.name()] = serde_json::json!(value);
+    doc.to_string()
+}
+
+/// Prints EMF lines to stdout when enabled (Lambda ships stdout to CloudWatch Logs, which turns
+/// them into metrics without any API call).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    enabled: bool,
+    function: String,
+}
+
+impl Metrics {
+    /// Metrics for `function`; `enabled = false` prints nothing.
+    pub fn new(enabled: bool, function: impl Into<String>) -> Metrics {
+        Metrics {
+            enabled,
+            function: function.into(),
+        }
+    }
+
+    /// Emits one value.
+    pub fn put(&self, metric: Metric, value: f64) {
+        if !self.enabled {
+            return;
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let line = emf_line(&self.function, metric, value, now);
+        // One write per line, so concurrent invocations never interleave inside a line.
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| out.flush())
+        {
+            tracing::warn!(error = %e, metric = metric.name(), "could not write a metric line");
+        }
+    }
+
+    /// Emits a count of one.
+    pub fn count(&self, metric: Metric) {
+        self.put(metric, 1.0);
+    }
+}
+
+/// A lock held for an invocation: give it back with [`Gate::release`].
+#[derive(Debug)]
+pub struct Held {
+    guard: LockGuard,
+    watcher: tokio::task::JoinHandle<()>,
+    deadline: Option<SystemTime>,
+}
+
+impl Held {
+    /// The fencing token.
+    pub fn token(&self) -> u64 {
+        self.guard.token()
+    }
+}
+
+/// The decision for one invocation.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The lock is held (and heartbeating): run the handler, then [`Gate::release`].
+    Acquired(Held),
+    /// Key busy, policy `skip`: answer the invocation with this success body.
+    Skipped(serde_json::Value),
+    /// Answer the invocation with an error of `error_type` and this body (`errorType`,
+    /// `errorMessage`).
+    Failed {
+        /// `FlightlockBusy`, `FlightlockKeyError` or `FlightlockLockError`.
+        error_type: &'static str,
+        /// The error body.
+        body: serde_json::Value,
+    },
+}
+
+/// Decides invocations: see the module docs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    config: Arc<Config>,
+    locker: Locker,
+    metrics: Metrics,
+    host: String,
+}
+
+impl Gate {
+    /// A gate with `config`, taking locks through `locker`; `host` is written into rows for
+    /// people (e.g. `hostname:pid`). Metrics follow `config.metrics`.
+    pub fn new(config: Arc<Config>, locker: Locker, host: String) -> Gate {
+        let metrics = Metrics::new(
+            config.metrics,
+            config.function_name.clone().unwrap_or_default(),
+        );
+        Gate {
+            config,
+            locker,
+            metrics,
+            host,
+        }
+    }
+
+    /// Replaces the metrics sink.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Gate {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The locker.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Decides invocation `request_id` with raw `event` bytes and its `deadline`. Records `key`,
+    /// `ticket` and `waited_ms` on the current span (the adapter's `invocation` span).
+    pub async fn decide(
+        &self,
+        request_id: &str,
+        deadline: Option<SystemTime>,
+        event: &[u8],
+    ) -> Outcome {
+        let span = tracing::Span::current();
+        let key = match self.config.key.render_bytes(event) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot derive the lock key; failing the invocation");
+                self.metrics.count(Metric::KeyErrors);
+                return failed(KEY_ERROR_TYPE, &e.to_string());
+            }
+        };
+        span.record("key", key.as_str());
+        let holder = HolderInfo {
+            function: self.config.function_name.clone(),
+            request_id: Some(request_id.to_owned()),
+            host: Some(self.host.clone()),
+        };
+        let opts = self
+            .config
+            .lock_options(deadline, SystemTime::now(), holder);
+        let started = Instant::now();
+        // Every decision before the deadline: whatever DynamoDB does (blackholed, refusing,
+        // slow), the acquisition ends within the budget. Dropping an acquisition in flight is
+        // safe: the locker removes whatever row it may have written.
+        let budget = deadline.map(|d| decision_budget(until(d), self.config.deadline_margin));
+        let acquire = self.locker.acquire(&key, &opts);
+        let result = match budget {
+            None => Ok(acquire.await),
+            Some(b) => tokio::time::timeout(b, acquire).await.map_err(|_| b),
+        };
+        let waited_ms = started.elapsed().as_secs_f64() * 1000.0;
+        span.record("waited_ms", waited_ms as u64);
+        self.metrics.put(Metric::WaitTime, waited_ms);
+        let result = match result {
+            Ok(r) => r,
+            Err(budget) => {
+                let message = format!(
+                    "no lock decision within {budget:.1?}: DynamoDB did not answer before the \
+                     invocation deadline minus half of {DEADLINE_MARGIN} ({:.1?})",
+                    self.config.deadline_margin
+                );
+                tracing::error!(%message, "could not take the lock in time; failing the invocation");
+                self.metrics.count(Metric::LockErrors);
+                return failed(LOCK_ERROR_TYPE, &message);
+            }
+        };
+        match result {
+            Ok(guard) => {
+                span.record("ticket", guard.token());
+                tracing::info!("lock acquired");
+                self.metrics.count(Metric::Acquired);
+                let mut lost = guard.lost_signal();
+                let metrics = self.metrics.clone();
+                let watcher = tokio::spawn(
+                    async move {
+                        let reason = lost.wait().await;
+                        tracing::error!(%reason, "lock lost while the handler runs: another invocation may now hold the key");
+                        metrics.count(Metric::LockLost);
+                    }
+                    .instrument(span.clone()),
+                );
+                Outcome::Acquired(Held {
+                    guard,
+                    watcher,
+                    deadline,
+                })
+            }
+            Err(e @ Error::Busy { .. }) => {
+                let held_by = match &e {
+                    Error::Busy {
+                        holder: Some(h), ..
+                    } => Some((**h).clone()),
+                    // Lost the race to enqueue: one more read names the holder for the body,
+                    // if the budget allows.
+                    _ => {
+                        let left =
+                            budget.map_or(RELEASE_MAX, |b| b.saturating_sub(started.elapsed()));
+                        match tokio::time::timeout(left, self.locker.holder(&key, opts.clock_skew))
+                            .await
+                        {
+                            Ok(Ok(h)) => h,
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "could not read the holder");
+                                None
+                            }
+                            Err(_) => None,
+                        }
+                    }
+                };
+                match self.config.on_busy {
+                    OnBusy::Skip => {
+                        tracing::info!(reason = %e, "key busy: invocation skipped");
+                        self.metrics.count(Metric::Skipped);
+                        Outcome::Skipped(skipped_body(&key, held_by.as_ref()))
+                    }
+                    OnBusy::Error => {
+                        tracing::info!(reason = %e, "key busy: invocation failed with {BUSY_ERROR_TYPE}");
+                        self.metrics.count(Metric::BusyErrors);
+                        failed(BUSY_ERROR_TYPE, &e.to_string())
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not take the lock; failing the invocation");
+                self.metrics.count(Metric::LockErrors);
+                // The full error is in the log; the caller gets no ARNs or account ids.
+                failed(LOCK_ERROR_TYPE, &redact_aws_ids(&e.to_string()))
+            }
+        }
+    }
+
+    /// Releases a held lock, bounded by the time left until its invocation's deadline (see
+    /// [`release_budget`]): an unreachable DynamoDB must not hold the invocation open. An
+    /// unfinished release leaves the row to lapse (its lease is capped at the deadline + grace).
+    pub async fn release(&self, held: Held) {
+        let Held {
+            guard,
+            watcher,
+            deadline,
+        } = held;
+        watcher.abort();
+        let failures = guard.heartbeat_failures();
+        if failures > 0 {
+            self.metrics.put(Metric::HeartbeatErrors, failures as f64);
+        }
+        let budget = release_budget(deadline.map(until));
+        match tokio::time::timeout(budget, guard.release()).await {
+            Ok(Ok(ReleaseOutcome::Released)) => tracing::info!("lock released"),
+            Ok(Ok(ReleaseOutcome::Lost)) => {
+                tracing::warn!("the lock had already been lost when the invocation ended")
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "release failed; the row goes stale after one lease");
+                self.metrics.count(Metric::ReleaseErrors);
+            }
+            Err(_) => {
+                tracing::error!(
+                    budget_ms = budget.as_millis() as u64,
+                    "release did not finish in time; the row goes stale after its (capped) lease"
+                );
+                self.metrics.count(Metric::ReleaseErrors);
+            }
+        }
+    }
+}
+
+fn failed(error_type: &'static str, message: &str) -> Outcome {
+    Outcome::Failed {
+        error_type,
+        body: error_body(error_type, message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_end_before_the_deadline() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // A 3 s function with the default 1 s margin: 2.5 s, leaving 0.5 s to answer.
+        assert_eq!(decision_budget(s(3), s(1)), ms(2500));
+        // The lock's own wait (deadline - margin) ends before the budget: busy stays busy.
+        assert!(decision_budget(s(900), s(1)) > s(899));
+        // Less than a margin left: half of it, never zero while time is left.
+        assert_eq!(decision_budget(ms(600), s(1)), ms(300));
+        assert_eq!(decision_budget(ms(0), s(1)), ms(0));
+        for left in [ms(1), ms(700), s(2), s(60)] {
+            assert!(decision_budget(left, s(1)) < left);
+        }
+    }
+
+    #[test]
+    fn releases_are_bounded() {
+        assert_eq!(release_budget(None), RELEASE_MAX);
+        assert_eq!(release_budget(Some(Duration::ZERO)), RELEASE_MIN);
+        assert_eq!(
+            release_budget(Some(Duration::from_secs(1))),
+            Duration::from_secs(1)
+        );
+        assert_eq!(release_budget(Some(Duration::from_secs(600))), RELEASE_MAX);
+    }
+
+    #[test]
+    fn lines_are_valid_emf() {
+        let line = emf_line("f", Metric::WaitTime, 12.5, 1_700_000_000_000);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Namespace"], "flightlock");
+        assert_eq!(
+            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"],
+            "WaitTime"
+        );
+        assert_eq!(
+            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Unit"],
+            "Milliseconds"
+        );
+        assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000u64);
+        assert_eq!(v["FunctionName"], "f");
+        assert_eq!(v["WaitTime"], 12.5);
+        assert!(!line.contains('\n'));
+    }
+}
