@@ -156,6 +156,39 @@ async fn main() {
         );
     }
 
+    // 1b. The plain conditional-put lock, uncontended, in the same run.
+    {
+        let plain = PlainLock {
+            client: flightlock_testkit::client(&proxy.endpoint()).await,
+            table: table.clone(),
+        };
+        proxy.reset_counts();
+        let mut cycle = Vec::new();
+        for i in 0..args.cycles {
+            let owner = format!("o{i}");
+            let t0 = Instant::now();
+            plain.acquire("uncontended-plain", &owner).await;
+            plain.release("uncontended-plain", &owner).await;
+            cycle.push(t0.elapsed());
+        }
+        cycle.sort();
+        report.row(
+            "plain conditional-put lock: requests per cycle",
+            format!("{:.2}", proxy.total() as f64 / args.cycles as f64),
+            "",
+        );
+        report.row(
+            "plain lock: cycle p50 / p99 (put + delete)",
+            format!("{} / {}", ms(pct(&cycle, 0.5)), ms(pct(&cycle, 0.99))),
+            "",
+        );
+        report.row(
+            "write units per uncontended cycle: flightlock / plain",
+            "5 / 2".into(),
+            "transaction of 2 items (2 WCU each) + delete; put + delete",
+        );
+    }
+
     // 2. Skip decision: wait = 0 on a held key.
     {
         let holder = Locker::new(flightlock_testkit::client(&endpoint).await, &table);
@@ -190,85 +223,71 @@ async fn main() {
         g.release().await.unwrap();
     }
 
-    // 3. Contention: N contenders loop acquire → hold 20 ms → release for a fixed time.
-    {
+    // 3. Contention: N contenders loop acquire → hold 20 ms → release for a fixed time, first
+    //    each with its own locker (as separate processes), then all sharing one (one process:
+    //    a release wakes the next waiter at once), then the plain conditional-put lock.
+    for mode in [Mode::Processes, Mode::OneProcess, Mode::PlainLock] {
         let n = args.contenders;
-        let grants: Arc<Mutex<Vec<Grant>>> = Arc::default();
         proxy.reset_counts();
-        let mut lockers = Vec::new();
+        let client = flightlock_testkit::client(&proxy.endpoint()).await;
+        let shared = Locker::new(client.clone(), &table);
+        let mut contenders = Vec::new();
         for _ in 0..n {
-            lockers.push(Locker::new(
-                flightlock_testkit::client(&proxy.endpoint()).await,
-                &table,
-            ));
+            contenders.push(match mode {
+                Mode::Processes => Contender::Fifo(Locker::new(
+                    flightlock_testkit::client(&proxy.endpoint()).await,
+                    &table,
+                )),
+                Mode::OneProcess => Contender::Fifo(shared.clone()),
+                Mode::PlainLock => Contender::Plain(PlainLock {
+                    client: flightlock_testkit::client(&proxy.endpoint()).await,
+                    table: table.clone(),
+                }),
+            });
         }
-        // All contenders start together, so none cycles alone before the others have queued.
-        let barrier = Arc::new(tokio::sync::Barrier::new(n));
-        let stop = Instant::now() + Duration::from_secs(args.contended_secs);
+        let g = contend(contenders, args.contended_secs, mode.key()).await;
+        contention_rows(&mut report, &g, n, args.contended_secs, mode, proxy.total());
+    }
+
+    // 4. Scale: 100 waiters on one key (10 processes of 10 tasks), each once through a 20 ms
+    //    critical section. The requests on the key per second and per handoff must stay bounded.
+    {
+        proxy.reset_counts();
+        let mut contenders = Vec::new();
+        for _ in 0..10 {
+            let locker = Locker::new(flightlock_testkit::client(&proxy.endpoint()).await, &table);
+            for _ in 0..10 {
+                contenders.push(locker.clone());
+            }
+        }
+        let started = Instant::now();
         let mut tasks = Vec::new();
-        for (who, locker) in lockers.into_iter().enumerate() {
-            let grants = grants.clone();
-            let barrier = barrier.clone();
+        for locker in contenders {
             tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                while Instant::now() < stop {
-                    let g = locker.acquire("contended", &opts()).await.unwrap();
-                    let granted = Instant::now();
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    let token = g.token();
-                    let released = Instant::now();
-                    g.release().await.unwrap();
-                    grants.lock().unwrap().push((token, who, granted, released));
-                }
+                let g = locker.acquire("scale", &opts()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.release().await.unwrap();
             }));
         }
         for t in tasks {
             t.await.unwrap();
         }
-        let mut g = grants.lock().unwrap().clone();
-        g.sort_by_key(|x| x.0);
-        let mut handoffs: Vec<Duration> = g
-            .windows(2)
-            .map(|w| w[1].2.saturating_duration_since(w[0].3))
-            .collect();
-        handoffs.sort();
-        // A self-handoff: the same contender holds twice in a row while others were waiting.
-        // All contenders are always queued in this loop, except at the very end, when some
-        // have stopped: those last handoffs are left out.
-        let last_start = stop - Duration::from_millis(500);
-        let considered: Vec<_> = g.windows(2).filter(|w| w[1].2 < last_start).collect();
-        let selfs = considered.iter().filter(|w| w[0].1 == w[1].1).count();
-        let mut per: HashMap<usize, f64> = HashMap::new();
-        for x in &g {
-            *per.entry(x.1).or_default() += 1.0;
-        }
-        let sum: f64 = per.values().sum();
-        let sumsq: f64 = per.values().map(|v| v * v).sum();
-        let jain = sum * sum / (n as f64 * sumsq);
+        let secs = started.elapsed().as_secs_f64();
+        let queries = proxy.count("Query") as f64;
         report.row(
-            &format!("grants in {} s with {n} contenders", args.contended_secs),
-            format!("{}", g.len()),
-            "",
+            "100 waiters, 1 key: requests per second on the key",
+            format!("{:.0}", proxy.total() as f64 / secs),
+            "bounded",
         );
         report.row(
-            "handoff latency p50 / p99 (release → next grant)",
-            format!("{} / {}", ms(pct(&handoffs, 0.5)), ms(pct(&handoffs, 0.99))),
-            "≤ one poll (50 ms)",
+            "100 waiters: reads (Query) per handoff",
+            format!("{:.1}", queries / 100.0),
+            "each ≤ 1 read unit (≤ 8 rows)",
         );
         report.row(
-            "self-handoffs (releaser granted again next)",
-            format!("{selfs} of {}", considered.len()),
-            "0",
-        );
-        report.row(
-            "Jain fairness across contenders",
-            format!("{jain:.4}"),
-            "1.0 = perfectly fair",
-        );
-        report.row(
-            "requests per grant under contention",
-            format!("{:.1}", proxy.total() as f64 / g.len().max(1) as f64),
-            "",
+            "100 waiters: all through in",
+            format!("{secs:.2} s"),
+            "floor 100 × 20 ms = 2 s",
         );
     }
 
@@ -310,4 +329,188 @@ async fn main() {
         );
     }
     println!("(lease 3 s, heartbeat 1 s, poll 50 ms, skew allowance 500 ms)");
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Processes,
+    OneProcess,
+    PlainLock,
+}
+
+impl Mode {
+    fn key(self) -> &'static str {
+        match self {
+            Mode::Processes => "contended",
+            Mode::OneProcess => "contended-local",
+            Mode::PlainLock => "contended-plain",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Processes => "flightlock, separate processes",
+            Mode::OneProcess => "flightlock, one process",
+            Mode::PlainLock => "plain conditional-put lock",
+        }
+    }
+}
+
+enum Contender {
+    Fifo(Locker),
+    Plain(PlainLock),
+}
+
+/// The lock most DynamoDB lock clients implement: a conditional `PutItem` that succeeds when
+/// the item is absent or its lease has ended, retried every poll; release deletes it
+/// conditionally. No queue (barging), no fencing, a dead holder costs its whole lease.
+struct PlainLock {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+impl PlainLock {
+    async fn try_acquire(&self, key: &str, owner: &str) -> bool {
+        use aws_sdk_dynamodb::types::AttributeValue as V;
+        let now = now_ms();
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", V::S(key.into()))
+            .item("sk", V::S("plain".into()))
+            .item("owner", V::S(owner.into()))
+            .item("leaseUntilMs", V::N((now + 3000).to_string()))
+            .condition_expression("attribute_not_exists(pk) OR leaseUntilMs < :now")
+            .expression_attribute_values(":now", V::N(now.to_string()))
+            .send()
+            .await
+            .is_ok()
+    }
+
+    async fn acquire(&self, key: &str, owner: &str) {
+        while !self.try_acquire(key, owner).await {
+            tokio::time::sleep(opts().poll).await;
+        }
+    }
+
+    async fn release(&self, key: &str, owner: &str) {
+        use aws_sdk_dynamodb::types::AttributeValue as V;
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", V::S(key.into()))
+            .key("sk", V::S("plain".into()))
+            .condition_expression("#o = :o")
+            .expression_attribute_names("#o", "owner")
+            .expression_attribute_values(":o", V::S(owner.into()))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// Runs the contenders for `secs`; returns every grant.
+async fn contend(contenders: Vec<Contender>, secs: u64, key: &'static str) -> Vec<Grant> {
+    let n = contenders.len();
+    let grants: Arc<Mutex<Vec<Grant>>> = Arc::default();
+    // All contenders start together, so none cycles alone before the others have queued.
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for (who, c) in contenders.into_iter().enumerate() {
+        let grants = grants.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut round = 0u64;
+            while Instant::now() < stop {
+                round += 1;
+                let (token, granted, released) = match &c {
+                    Contender::Fifo(locker) => {
+                        let g = locker.acquire(key, &opts()).await.unwrap();
+                        let granted = Instant::now();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let token = g.token();
+                        let released = Instant::now();
+                        g.release().await.unwrap();
+                        (token, granted, released)
+                    }
+                    Contender::Plain(lock) => {
+                        let owner = format!("{who}-{round}");
+                        lock.acquire(key, &owner).await;
+                        let granted = Instant::now();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let released = Instant::now();
+                        lock.release(key, &owner).await;
+                        (0, granted, released)
+                    }
+                };
+                grants.lock().unwrap().push((token, who, granted, released));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut g = grants.lock().unwrap().clone();
+    // In grant order (the plain lock has no tokens).
+    g.sort_by_key(|x| x.2);
+    g
+}
+
+fn contention_rows(
+    report: &mut Report,
+    g: &[Grant],
+    n: usize,
+    secs: u64,
+    mode: Mode,
+    requests: u64,
+) {
+    let label = mode.label();
+    let mut handoffs: Vec<Duration> = g
+        .windows(2)
+        .map(|w| w[1].2.saturating_duration_since(w[0].3))
+        .collect();
+    handoffs.sort();
+    // A self-handoff: the same contender holds twice in a row while others were waiting. All
+    // contenders are always queued in this loop, except at the very end: those are left out.
+    let last_start = g.last().map_or(Instant::now(), |x| x.2) - Duration::from_millis(500);
+    let considered: Vec<_> = g.windows(2).filter(|w| w[1].2 < last_start).collect();
+    let selfs = considered.iter().filter(|w| w[0].1 == w[1].1).count();
+    let mut per: HashMap<usize, f64> = HashMap::new();
+    for x in g {
+        *per.entry(x.1).or_default() += 1.0;
+    }
+    let sum: f64 = per.values().sum();
+    let sumsq: f64 = per.values().map(|v| v * v).sum();
+    let jain = sum * sum / (n as f64 * sumsq.max(1.0));
+    println!("  -- {label}, {n} contenders, 20 ms critical section, {secs} s");
+    report.row(
+        "cycles per second",
+        format!("{:.1}", g.len() as f64 / secs as f64),
+        "floor 50/s",
+    );
+    report.row(
+        "handoff p50 / p90 (release → next grant)",
+        format!("{} / {}", ms(pct(&handoffs, 0.5)), ms(pct(&handoffs, 0.9))),
+        "",
+    );
+    report.row(
+        "self-handoffs (releaser granted again next)",
+        format!("{selfs} of {}", considered.len()),
+        "FIFO: 0",
+    );
+    report.row("Jain fairness across contenders", format!("{jain:.4}"), "");
+    report.row(
+        "DynamoDB requests per cycle",
+        format!("{:.1}", requests as f64 / g.len().max(1) as f64),
+        "",
+    );
 }

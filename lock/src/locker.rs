@@ -541,7 +541,7 @@ impl Attempt<'_> {
         let mut expected = hint.as_ref().map(|h| {
             let counter = Counter {
                 last: h.ticket,
-                owner: Some(h.owner.clone()),
+                owner: Some(crate::schema::last_owner(&h.owner, h.ticket)),
             };
             (counter, Source::Hint, true)
         });
@@ -628,9 +628,11 @@ impl Attempt<'_> {
                     // Definite: nothing was written at this ticket.
                     in_flight.tickets.retain(|&t| t != ticket);
                     self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
-                    let Some(current) = current.filter(|_| source == Source::Read) else {
-                        // Our hint is old (others used the key since), or the counter is gone:
-                        // look before queueing.
+                    let adopt = |c: &Counter| source == Source::Read && c.consistent();
+                    let Some(current) = current.filter(adopt) else {
+                        // Our hint is old (others used the key since), the counter is gone, or
+                        // it was set by hand (its `last` may be below queued rows): look
+                        // before queueing.
                         expected = None;
                         continue;
                     };

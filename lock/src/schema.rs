@@ -25,10 +25,16 @@ pub const COUNTER_SK: &str = "counter";
 pub const QUEUE_PREFIX: &str = "q#";
 /// Counter attribute: the last ticket issued (N).
 pub const LAST: &str = "last";
-/// Counter attribute: the owner of the enqueue that last moved the counter (S). A client whose
-/// hint says "I released ticket T" conditions its next enqueue on `last = T` *and* on this being
-/// its own owner id, so a counter set back to T by hand cannot pass for an empty queue.
+/// Counter attribute: `<owner>:<ticket>` of the enqueue (or creation) that last moved the counter
+/// (S). Every enqueue is conditioned on `last` *and* this, so a counter set back by hand cannot
+/// pass for one nobody touched; and a counter whose `last` differs from the ticket in here was
+/// changed by hand, so its `last` is not trusted without a full read.
 pub const LAST_OWNER: &str = "lastOwner";
+
+/// The `lastOwner` value of a counter moved to `ticket` by `owner`.
+pub fn last_owner(owner: &str, ticket: u64) -> String {
+    format!("{owner}:{ticket}")
+}
 /// Queue row: unique id of one acquisition (S). Conditions on ownership use it.
 pub const OWNER: &str = "owner";
 /// Queue row: the ticket (N), also the fencing token.
@@ -216,6 +222,18 @@ pub struct Counter {
     pub last: u64,
     /// `lastOwner` (absent on counters written before it existed, or set by hand).
     pub owner: Option<String>,
+}
+
+impl Counter {
+    /// Whether `last` is the ticket recorded in `lastOwner`: the counter was last moved by an
+    /// enqueue, not set by hand.
+    pub fn consistent(&self) -> bool {
+        self.owner
+            .as_deref()
+            .and_then(|o| o.rsplit_once(':'))
+            .and_then(|(_, t)| t.parse::<u64>().ok())
+            == Some(self.last)
+    }
 }
 
 /// What a key's partition holds: the counter and the queue in ticket order.

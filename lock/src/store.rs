@@ -114,7 +114,10 @@ impl Dynamo {
     async fn enqueue(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
         let mut values = HashMap::from([
             (":next".to_owned(), n(r.ticket)),
-            (":owner".to_owned(), s(&r.owner)),
+            (
+                ":owner".to_owned(),
+                s(&schema::last_owner(&r.owner, r.ticket)),
+            ),
         ]);
         let c = &r.counter;
         values.insert(":expected".into(), n(c.last));
@@ -193,7 +196,10 @@ impl Dynamo {
     async fn create_counter(&self, key: &str, last: u64, owner: &str) -> Result<bool, Failure> {
         let mut item = counter_key(key);
         item.insert(schema::LAST.into(), n(last));
-        item.insert(schema::LAST_OWNER.into(), s(owner));
+        item.insert(
+            schema::LAST_OWNER.into(),
+            s(&schema::last_owner(owner, last)),
+        );
         let result = self
             .client
             .put_item()

@@ -275,7 +275,8 @@ impl Table {
                 if self.get(key, COUNTER_SK).is_some() {
                     return Ok(Response::Created(false));
                 }
-                self.set_counter(key, *last, Some(owner), now);
+                let by = schema::last_owner(owner, *last);
+                self.set_counter(key, *last, Some(&by), now);
                 Ok(Response::Created(true))
             }
             Request::DeleteOwned { key, ticket, owner } => {
@@ -385,7 +386,8 @@ impl Table {
         let sk = schema::queue_sk(r.ticket);
         let existing = self.get(&r.key, &sk).cloned();
         if counter_ok && existing.is_none() {
-            self.set_counter(&r.key, r.ticket, Some(&r.owner), now);
+            let by = schema::last_owner(&r.owner, r.ticket);
+            self.set_counter(&r.key, r.ticket, Some(&by), now);
             self.put(r.row.clone(), now);
             self.tokens.insert(r.token.clone(), (r.clone(), now));
             return Ok(Response::Enqueue(crate::storage::Enqueue::Done));
@@ -430,7 +432,8 @@ impl Table {
                 current,
             )));
         }
-        self.set_counter(&r.key, r.ticket, Some(&r.owner), now);
+        let by = schema::last_owner(&r.owner, r.ticket);
+        self.set_counter(&r.key, r.ticket, Some(&by), now);
         Err(true)
     }
 
