@@ -1,4 +1,4 @@
-//! Checks of `template.yaml` against the code, plus the AWS linters.
+//! Checks of `template.yaml` and of the docs against the code, plus the AWS linters.
 //!
 //! - the lock table's key schema and TTL attribute are the ones `flightlock::schema` uses;
 //! - the lock table is retained on stack deletion unless the `TableDeletionPolicy` parameter says
@@ -280,5 +280,7 @@ pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
     Ok((namespace.to_owned(), metric.to_owned()))
 }
 
+#[cfg(test)]
+mod docs;
 #[cfg(test)]
 mod tests;
