@@ -6,21 +6,10 @@
 //! accepted forms; an unknown `FLIGHTLOCK_*` name is an error too, so a typo never falls back to
 //! a default silently.
 //!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `FLIGHTLOCK_TABLE` | lock table name | required |
-//! | `FLIGHTLOCK_KEY` | lock key; `{/json/pointer}` reads the event, `{{`/`}}` are literal braces | the function name |
-//! | `FLIGHTLOCK_WAIT` | `0`, a duration, or `forever`; always capped at deadline − margin | `0` |
-//! | `FLIGHTLOCK_ON_BUSY` | `skip` or `error` | `skip` |
-//! | `FLIGHTLOCK_LEASE` | lease length (≥ 100ms) | `20s` |
-//! | `FLIGHTLOCK_HEARTBEAT` | heartbeat interval (≤ lease / 2) | lease / 3 |
-//! | `FLIGHTLOCK_CLOCK_SKEW` | clock-skew allowance, or `unbounded` (clock-free) | `1s` |
-//! | `FLIGHTLOCK_DEADLINE_MARGIN` | time kept free before the invocation deadline: waiting ends at deadline − margin, every lock decision at deadline − margin / 2 | `1s` |
-//! | `FLIGHTLOCK_PROXY_PORT` | proxy listener port on 127.0.0.1 | `9009` |
-//! | `FLIGHTLOCK_UPSTREAM` | Runtime API the proxy forwards to (`host:port`, `http://` optional) | `AWS_LAMBDA_RUNTIME_API` |
-//! | `FLIGHTLOCK_LOG_LEVEL` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `info` |
-//! | `FLIGHTLOCK_METRICS` | EMF metrics on stdout: `on`/`off` (also `true`/`false`, `1`/`0`) | `on` |
-//! | `FLIGHTLOCK_WRAPPER_CHECK` | extension only: on a managed runtime, fail init unless `AWS_LAMBDA_EXEC_WRAPPER` is the flightlock wrapper; `off` for chained wrappers that run it themselves | `on` |
+//! The variables ([`KNOWN`]), what each means, its accepted forms and its default are
+//! documented once, in the README's "Configuration" table; `tests/template` checks that table
+//! against [`KNOWN`] and the accepted words ([`Wait::FOREVER_WORDS`],
+//! [`ClockSkew::UNBOUNDED_WORDS`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -269,8 +258,10 @@ impl Config {
         let deadline_margin = duration(DEADLINE_MARGIN)?.unwrap_or(Duration::from_secs(1));
         let proxy_port = match get(PROXY_PORT) {
             None => DEFAULT_PROXY_PORT,
+            // Digits only, as the wrapper script accepts them (`u16::from_str` would also take
+            // a leading `+`, which the wrapper rejects: the two must agree on every value).
             Some(v) => match v.parse::<u16>() {
-                Ok(p) if p > 0 => p,
+                Ok(p) if p > 0 && v.bytes().all(|b| b.is_ascii_digit()) => p,
                 _ => return Err(err(PROXY_PORT, &v, "not a port", "a TCP port 1-65535")),
             },
         };

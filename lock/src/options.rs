@@ -17,11 +17,15 @@ pub enum Wait {
 }
 
 impl Wait {
-    /// Parses `0`, `forever`, or a duration such as `500ms`, `10s`, `2m`.
+    /// The words [`Wait::parse`] reads as [`Wait::Forever`] (the docs list every one; a test
+    /// checks that they do).
+    pub const FOREVER_WORDS: &'static [&'static str] = &["forever", "inf", "infinite"];
+
+    /// Parses `0`, one of [`Wait::FOREVER_WORDS`], or a duration such as `500ms`, `10s`, `2m`.
     pub fn parse(s: &str) -> Result<Wait, String> {
         match s.trim() {
             "0" => Ok(Wait::NoWait),
-            "forever" | "inf" | "infinite" => Ok(Wait::Forever),
+            w if Self::FOREVER_WORDS.contains(&w) => Ok(Wait::Forever),
             other => match parse_duration(other)? {
                 d if d.is_zero() => Ok(Wait::NoWait),
                 d => Ok(Wait::For(d)),
@@ -51,10 +55,14 @@ pub enum ClockSkew {
 }
 
 impl ClockSkew {
-    /// Parses `unbounded` or a duration.
+    /// The words [`ClockSkew::parse`] reads as [`ClockSkew::Unbounded`]. `none` is not one of
+    /// them: it could as well mean "no allowance" (zero), the opposite.
+    pub const UNBOUNDED_WORDS: &'static [&'static str] = &["unbounded", "clock-free"];
+
+    /// Parses one of [`ClockSkew::UNBOUNDED_WORDS`] or a duration.
     pub fn parse(s: &str) -> Result<ClockSkew, String> {
         match s.trim() {
-            "unbounded" | "none" | "clock-free" => Ok(ClockSkew::Unbounded),
+            w if Self::UNBOUNDED_WORDS.contains(&w) => Ok(ClockSkew::Unbounded),
             other => parse_duration(other).map(ClockSkew::Bounded),
         }
     }
@@ -214,7 +222,9 @@ mod tests {
     fn waits_parse() {
         assert_eq!(Wait::parse("0").unwrap(), Wait::NoWait);
         assert_eq!(Wait::parse("0s").unwrap(), Wait::NoWait);
-        assert_eq!(Wait::parse("forever").unwrap(), Wait::Forever);
+        for w in Wait::FOREVER_WORDS {
+            assert_eq!(Wait::parse(w).unwrap(), Wait::Forever);
+        }
         assert_eq!(
             Wait::parse("1m30s").unwrap(),
             Wait::For(Duration::from_secs(90))
@@ -228,7 +238,11 @@ mod tests {
 
     #[test]
     fn skew_parses() {
-        assert_eq!(ClockSkew::parse("unbounded").unwrap(), ClockSkew::Unbounded);
+        for w in ClockSkew::UNBOUNDED_WORDS {
+            assert_eq!(ClockSkew::parse(w).unwrap(), ClockSkew::Unbounded);
+        }
+        // Ambiguous: "no allowance" or "no bound"? Rejected, not guessed.
+        assert!(ClockSkew::parse("none").is_err());
         assert_eq!(
             ClockSkew::parse("250ms").unwrap(),
             ClockSkew::Bounded(Duration::from_millis(250))

@@ -52,14 +52,11 @@
 //! items read, rounded up to 4 KB, at 0.5 read units per 4 KB when eventually consistent.
 //!
 //! On a table with **100,000 idle keys** the reads are the 100,000 counter items (pk = the key,
-//! `sk = "counter"`, `last`): about 60–100 bytes each, i.e. 6–10 MB, 6–10 Scan pages of 1 MB.
-//! That is 6,000,000 / 4,096 × 0.5 ≈ **730** to 10,000,000 / 4,096 × 0.5 ≈ **1,220** read
-//! request units per sweep (≈ 980 at 80 bytes), i.e. about **$0.00012** at the on-demand price of
-//! $0.125 per million read units (us-east-1). Every 5 minutes (8,640 sweeps a month) that is
-//! about 8.4 million read units, **≈ $1.06 per month**; hourly, ≈ $0.09 per month. Each dead row
-//! deleted costs one write unit (a failed conditional delete too): $0.625 per million.
-//! Measured by `examples/sweep_bench.rs` on DynamoDB Local (which reports consumed capacity like
-//! DynamoDB): 110,000 items of 62 bytes on average, 7 pages, **829.5** read units per sweep.
+//! `sk = "counter"`, `last`): 62 bytes each on average, 7 Scan pages of 1 MB, **829.5** read
+//! request units per sweep, measured by `examples/sweep_bench.rs` on DynamoDB Local (which
+//! reports consumed capacity like DynamoDB). Each dead row deleted costs one write unit (a
+//! failed conditional delete too). What that costs in money: the README's "Cost" section, the
+//! one place for cost figures.
 //!
 //! The alternative is a sparse GSI keyed on `leaseUntilMs` (projected only from queue rows), so
 //! a sweep would `Query` just the dead rows and read almost nothing. But `leaseUntilMs` changes
@@ -67,7 +64,7 @@
 //! **two extra write units per heartbeat** (plus one per enqueue and release), on the hot path of
 //! every lock user, and a GSI needs a partition key that would have to be sharded to avoid a hot
 //! partition. One holder heartbeating every 6.7 s (20 s lease) makes ~390,000 heartbeats a month:
-//! ≈ 780,000 index writes ≈ $0.49 — so two busy keys already cost as much as scanning 100,000 idle
+//! ≈ 780,000 index write units — so two busy keys already cost as much as scanning 100,000 idle
 //! keys every 5 minutes, and the cost grows with lock traffic instead of with how often one
 //! chooses to sweep. The sweep is a backstop (waiters and TTL also clean up), so its frequency
 //! can be turned down freely. We chose the Scan: the hot path stays at one write per heartbeat,

@@ -1,15 +1,11 @@
 //! Configuration: `FLIGHTLOCK_*` environment variables, parsed from an injected map so tests
 //! never touch the process environment. Invalid values are errors that name the variable and
-//! the accepted forms; there is no silent fallback to a default.
+//! the accepted forms; there is no silent fallback to a default. An unknown `FLIGHTLOCK_*` name
+//! is an error too (a typo such as `FLIGHTLOCK_SWEEP_GRAEC` would otherwise leave the default in
+//! force), as in the extension.
 //!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `FLIGHTLOCK_TABLE` | lock table name | required |
-//! | `FLIGHTLOCK_SWEEP_GRACE` | remove rows whose lease ended more than this long ago; at least every lock user's clock-skew allowance | `10m` |
-//! | `FLIGHTLOCK_SWEEP_CONCURRENCY` | conditional deletes in flight | `16` |
-//! | `FLIGHTLOCK_SWEEP_SEGMENTS` | parallel scan segments | `1` |
-//! | `FLIGHTLOCK_SWEEP_MARGIN` | time kept back before the invocation deadline | `5s` |
-//! | `FLIGHTLOCK_METRICS` | print the EMF metrics line (`on`/`off`) | `on` |
+//! The variables ([`KNOWN`]) are documented once, in the table of this crate's README;
+//! `tests/template` checks that table against [`KNOWN`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,6 +24,20 @@ pub const SWEEP_SEGMENTS: &str = "FLIGHTLOCK_SWEEP_SEGMENTS";
 pub const SWEEP_MARGIN: &str = "FLIGHTLOCK_SWEEP_MARGIN";
 /// Metrics on or off.
 pub const METRICS: &str = "FLIGHTLOCK_METRICS";
+
+/// Every variable [`Config::from_map`] reads.
+pub const KNOWN: &[&str] = &[
+    TABLE,
+    SWEEP_GRACE,
+    SWEEP_CONCURRENCY,
+    SWEEP_SEGMENTS,
+    SWEEP_MARGIN,
+    METRICS,
+];
+
+/// What [`ConfigError::variable`] says for a `FLIGHTLOCK_*` name that is not in [`KNOWN`] (the
+/// name itself is the error's value).
+pub const UNKNOWN: &str = "FLIGHTLOCK_*";
 
 /// Default [`Config::margin`].
 pub const DEFAULT_MARGIN: Duration = Duration::from_secs(5);
@@ -64,6 +74,21 @@ pub struct Config {
 impl Config {
     /// Parses the configuration from environment-like pairs.
     pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let mut unknown: Vec<&String> = env
+            .keys()
+            .filter(|k| k.starts_with(flightlock::config::PREFIX) && !KNOWN.contains(&k.as_str()))
+            .collect();
+        unknown.sort();
+        if let Some(name) = unknown.first() {
+            return Err(ConfigError {
+                variable: UNKNOWN,
+                value: (*name).clone(),
+                problem: format!(
+                    "unknown variable of the cleanup function (a typo?); it reads {}",
+                    KNOWN.join(", ")
+                ),
+            });
+        }
         let get = |name: &str| env.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
         let err = |variable, value: &str, problem: String| ConfigError {
             variable,
@@ -164,6 +189,19 @@ mod tests {
         assert_eq!((c.concurrency, c.segments), (4, 2));
         assert_eq!(c.margin, Duration::from_secs(2));
         assert!(!c.metrics);
+    }
+
+    #[test]
+    fn unknown_flightlock_variables_are_errors_other_variables_are_not() {
+        let e =
+            Config::from_map(&env(&[(TABLE, "t"), ("FLIGHTLOCK_SWEEP_GRAEC", "1h")])).unwrap_err();
+        assert_eq!(e.variable, UNKNOWN);
+        assert_eq!(e.value, "FLIGHTLOCK_SWEEP_GRAEC");
+        assert!(e.to_string().contains(SWEEP_GRACE), "{e}");
+        // The extension's variables are not the sweeper's.
+        assert!(Config::from_map(&env(&[(TABLE, "t"), ("FLIGHTLOCK_WAIT", "0")])).is_err());
+        let c = Config::from_map(&env(&[(TABLE, "t"), ("AWS_REGION", "eu-west-1")])).unwrap();
+        assert_eq!(c.table, "t");
     }
 
     #[test]

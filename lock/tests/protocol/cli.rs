@@ -163,3 +163,34 @@ async fn bad_arguments_name_the_option() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
+    let env = Env::new("clinoexec").await;
+    // Not found: 127, as env(1) and flock(1).
+    let mut c = cli(&env);
+    c.args([
+        "run",
+        "--key",
+        "job",
+        "--",
+        "/nonexistent/flightlock-test-cmd",
+    ]);
+    let out = output(c).await;
+    assert_eq!(out.status.code(), Some(127));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("could not start") && stderr.contains("flightlock-test-cmd"),
+        "{stderr}"
+    );
+    // Found but not executable (no x bit; root cannot run it either): 126.
+    let file = std::env::temp_dir().join(format!("flightlock-noexec-{}", std::process::id()));
+    std::fs::write(&file, "#!/bin/sh\nexit 0\n").unwrap();
+    let mut c = cli(&env);
+    c.args(["run", "--key", "job", "--"]).arg(&file);
+    let out = output(c).await;
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    // Either way the lock was released.
+    assert!(env.queue("job").await.is_empty());
+}

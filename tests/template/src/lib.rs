@@ -1,10 +1,14 @@
-//! Checks of `template.yaml` against the code, plus the AWS linters.
+//! Checks of `template.yaml` and of the docs against the code, plus the AWS linters.
 //!
 //! - the lock table's key schema and TTL attribute are the ones `flightlock::schema` uses;
-//! - each function's IAM actions are exactly the DynamoDB operations its code calls (found by
-//!   reading the Rust sources: `.query()`, `.scan()`, `.delete_item()`, ... and, for
-//!   `TransactWriteItems`, the contained `Update`/`Put`/`Delete`/`ConditionCheck` actions, which
-//!   is how IAM authorises a transaction), on the table only;
+//! - the lock table is retained on stack deletion unless the `TableDeletionPolicy` parameter says
+//!   otherwise;
+//! - each function's IAM actions (inline, or through a managed policy of the template) are
+//!   exactly the DynamoDB operations its code calls (found by reading the Rust sources:
+//!   `.query()`, `.scan()`, `.delete_item()`, ... and, for `TransactWriteItems`, the contained
+//!   `Update`/`Put`/`Delete`/`ConditionCheck` actions, which is how IAM authorises a
+//!   transaction), on the table only;
+//! - every alarm watches a metric the code emits;
 //! - every `FLIGHTLOCK_*` variable the template sets is one the code reads;
 //! - layers and functions carry the build metadata `sam build` needs, and their code exists;
 //! - `scripts/check-template` (cfn-lint, `sam validate --lint`, `sam validate`) passes.
@@ -15,7 +19,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -25,7 +29,7 @@ pub fn repo_root() -> PathBuf {
 /// Parses a template. CloudFormation short forms (`!Ref X`) become tagged values.
 pub fn load_template(path: &Path) -> Result<Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// A resource's `Properties`, checking its `Type`.
@@ -56,17 +60,49 @@ pub fn get_att_arn(v: &Value) -> Option<String> {
     }
 }
 
-/// The DynamoDB actions a function's inline policies allow; errors if any statement is not
-/// an `Allow` of `dynamodb:*Item`-style actions on exactly `table`'s ARN.
-pub fn granted_actions(function: &Value, table: &str) -> Result<BTreeSet<String>, String> {
-    let mut actions = BTreeSet::new();
+/// `!Ref X` (short or long form) → `X`.
+pub fn ref_name(v: &Value) -> Option<&str> {
+    match v {
+        Value::Tagged(t) if t.tag == "Ref" => t.value.as_str(),
+        Value::Mapping(m) => m.get("Ref")?.as_str(),
+        _ => None,
+    }
+}
+
+/// The policy documents a function's `Policies` list names: inline documents as they are, and
+/// `!Ref X` of an `AWS::IAM::ManagedPolicy` in `template` as that policy's document.
+pub fn policy_documents<'a>(
+    template: &'a Value,
+    function: &'a Value,
+) -> Result<Vec<&'a Value>, String> {
     let policies = function["Policies"]
         .as_sequence()
         .ok_or("the function has no Policies list")?;
+    let mut docs = Vec::new();
     for policy in policies {
+        match ref_name(policy) {
+            Some(name) => {
+                let managed = properties(template, name, "AWS::IAM::ManagedPolicy")?;
+                docs.push(&managed["PolicyDocument"]);
+            }
+            None => docs.push(policy),
+        }
+    }
+    Ok(docs)
+}
+
+/// The DynamoDB actions a function's policies allow (see [`policy_documents`]); errors if any
+/// statement is not an `Allow` of named actions on exactly `table`'s ARN.
+pub fn granted_actions(
+    template: &Value,
+    function: &Value,
+    table: &str,
+) -> Result<BTreeSet<String>, String> {
+    let mut actions = BTreeSet::new();
+    for policy in policy_documents(template, function)? {
         let statements = policy["Statement"]
             .as_sequence()
-            .ok_or("only inline policy documents with a Statement list are allowed")?;
+            .ok_or("only policy documents with a Statement list are allowed")?;
         for st in statements {
             if st["Effect"].as_str() != Some("Allow") {
                 return Err(format!("statement {st:?} is not an Allow"));
@@ -214,5 +250,37 @@ pub fn flightlock_variables(function: &Value) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The metric an `AWS::CloudWatch::Alarm`'s properties watch: `MetricName`, or the one
+/// metric of a Metrics Insights `SELECT FUNC(Metric) FROM SCHEMA(namespace, ...)` expression.
+/// Returns `(namespace, metric)`.
+pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
+    if let (Some(ns), Some(name)) = (alarm["Namespace"].as_str(), alarm["MetricName"].as_str()) {
+        return Ok((ns.to_owned(), name.to_owned()));
+    }
+    let queries = alarm["Metrics"]
+        .as_sequence()
+        .ok_or("the alarm has neither MetricName nor Metrics")?;
+    let [query] = queries.as_slice() else {
+        return Err("an alarm on more than one metric query".into());
+    };
+    let expr = query["Expression"]
+        .as_str()
+        .ok_or("the metric query has no Expression")?;
+    let metric = expr
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(m, _)| m.trim())
+        .filter(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric()))
+        .ok_or(format!("no metric in {expr:?}"))?;
+    let namespace = expr
+        .split_once("SCHEMA(")
+        .and_then(|(_, rest)| rest.split_once(','))
+        .map(|(ns, _)| ns.trim().trim_matches('"'))
+        .ok_or(format!("no SCHEMA(namespace, ...) in {expr:?}"))?;
+    Ok((namespace.to_owned(), metric.to_owned()))
+}
+
+#[cfg(test)]
+mod docs;
 #[cfg(test)]
 mod tests;

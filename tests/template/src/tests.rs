@@ -6,7 +6,7 @@ use std::process::Command;
 
 use flightlock::schema;
 use flightlock_cleanup::config as cleanup_config;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use super::*;
 
@@ -68,6 +68,77 @@ fn table_has_the_schema_the_code_uses() {
 }
 
 #[test]
+fn table_is_retained_on_stack_deletion_unless_the_parameter_says_delete() {
+    let t = template();
+    let param = &t["Parameters"]["TableDeletionPolicy"];
+    assert_eq!(param["Default"].as_str(), Some("Retain"));
+    let allowed: Vec<&str> = param["AllowedValues"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(allowed, ["Retain", "Delete"]);
+    let table = &t["Resources"][TABLE];
+    for policy in ["DeletionPolicy", "UpdateReplacePolicy"] {
+        assert_eq!(
+            ref_name(&table[policy]),
+            Some("TableDeletionPolicy"),
+            "{policy}"
+        );
+    }
+    // A Ref in DeletionPolicy is only resolved by the AWS::LanguageExtensions transform, which
+    // must run before the SAM transform.
+    let transforms: Vec<&str> = t["Transform"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        transforms,
+        ["AWS::LanguageExtensions", "AWS::Serverless-2016-10-31"]
+    );
+    // Retained tables are protected from deletion by hand too.
+    let protection = &table["Properties"]["DeletionProtectionEnabled"];
+    assert!(
+        matches!(protection, Value::Tagged(tv) if tv.tag == "If"
+            && tv.value[0].as_str() == Some("RetainTable")
+            && tv.value[1].as_bool() == Some(true)
+            && tv.value[2].as_bool() == Some(false)),
+        "{protection:?}"
+    );
+}
+
+#[test]
+fn example_jobs_are_off_unless_asked_for() {
+    let t = template();
+    assert_eq!(
+        t["Parameters"]["ExampleJobs"]["Default"].as_str(),
+        Some("false")
+    );
+    let condition = &t["Conditions"]["CreateExampleJobs"];
+    assert!(
+        matches!(condition, Value::Tagged(tv) if tv.tag == "Equals"
+            && ref_name(&tv.value[0]) == Some("ExampleJobs")
+            && tv.value[1].as_str() == Some("true")),
+        "{condition:?}"
+    );
+    for job in ["DemoPythonJob", "DemoRustJob"] {
+        assert_eq!(
+            t["Resources"][job]["Condition"].as_str(),
+            Some("CreateExampleJobs"),
+            "{job}"
+        );
+    }
+    // Nothing unconditional may point at a conditional resource (the stack would not deploy).
+    for o in t["Outputs"].as_mapping().unwrap().values() {
+        let text = format!("{o:?}");
+        assert!(!text.contains("DemoPythonJob") && !text.contains("DemoRustJob"));
+    }
+}
+
+#[test]
 fn cleanup_may_scan_and_delete_exactly_what_the_sweeper_calls() {
     let t = template();
     let root = repo_root();
@@ -76,8 +147,12 @@ fn cleanup_may_scan_and_delete_exactly_what_the_sweeper_calls() {
     files.extend(rust_files(&root.join("functions/cleanup/src"), &[]));
     let required = required_by_files(&files).unwrap();
     assert_eq!(required, set(&["dynamodb:DeleteItem", "dynamodb:Scan"]));
-    let granted =
-        granted_actions(properties(&t, "CleanupFunction", FUNCTION).unwrap(), TABLE).unwrap();
+    let granted = granted_actions(
+        &t,
+        properties(&t, "CleanupFunction", FUNCTION).unwrap(),
+        TABLE,
+    )
+    .unwrap();
     assert_eq!(granted, required, "cleanup IAM is not least privilege");
 }
 
@@ -111,10 +186,54 @@ fn lock_users_may_do_exactly_what_the_lock_code_calls() {
     }
     assert!(!required.contains("dynamodb:Scan"), "lock users never scan");
     for job in ["DemoPythonJob", "DemoRustJob"] {
-        let granted = granted_actions(properties(&t, job, FUNCTION).unwrap(), TABLE).unwrap();
+        let granted = granted_actions(&t, properties(&t, job, FUNCTION).unwrap(), TABLE).unwrap();
         assert_eq!(
             granted, required,
             "{job}: IAM differs from what the code calls"
+        );
+    }
+    // The policy lock users attach is the same set, and it is an output.
+    let policy = properties(&t, "LockUserPolicy", "AWS::IAM::ManagedPolicy").unwrap();
+    let user: Value = serde_yaml_ng::from_str("Policies: [!Ref LockUserPolicy]").unwrap();
+    assert_eq!(granted_actions(&t, &user, TABLE).unwrap(), required);
+    assert_eq!(
+        ref_name(&t["Outputs"]["LockUserPolicyArn"]["Value"]),
+        Some("LockUserPolicy")
+    );
+    // With LockKeyPrefix set, every statement is limited to keys under it.
+    for st in policy["PolicyDocument"]["Statement"].as_sequence().unwrap() {
+        let Value::Tagged(cond) = &st["Condition"] else {
+            panic!("statement without the key-prefix condition: {st:?}");
+        };
+        assert_eq!(cond.tag, "If");
+        assert_eq!(cond.value[0].as_str(), Some("HasKeyPrefix"));
+        let like = &cond.value[1]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"][0];
+        assert!(
+            matches!(like, Value::Tagged(s) if s.tag == "Sub" && s.value.as_str() == Some("${LockKeyPrefix}*")),
+            "{like:?}"
+        );
+        assert_eq!(ref_name(&cond.value[2]), Some("AWS::NoValue"));
+    }
+}
+
+#[test]
+fn example_jobs_lock_keys_under_the_prefix_the_policy_allows() {
+    let t = template();
+    for job in ["DemoPythonJob", "DemoRustJob"] {
+        let key = &properties(&t, job, FUNCTION).unwrap()["Environment"]["Variables"]
+            [flightlock::config::KEY];
+        let Value::Tagged(sub) = key else {
+            panic!("{job}: FLIGHTLOCK_KEY is not a !Sub: {key:?}");
+        };
+        assert_eq!(sub.tag, "Sub", "{job}");
+        let text = sub.value.as_str().unwrap();
+        let rest = text.strip_prefix("${LockKeyPrefix}").unwrap_or_else(|| {
+            panic!("{job}: FLIGHTLOCK_KEY {text} does not start with the prefix")
+        });
+        // A literal key: no template placeholders, no further substitutions.
+        assert!(
+            !rest.is_empty() && !rest.contains(['{', '}', '$']),
+            "{job}: {text}"
         );
     }
 }
@@ -184,11 +303,26 @@ fn layers_and_functions_carry_build_metadata_and_their_code_exists() {
         ("FlightlockLayerArm64", "arm64"),
     ] {
         let p = properties(&t, name, LAYER).unwrap();
-        assert_eq!(p["ContentUri"].as_str(), Some("."));
+        // A narrow ContentUri: SAM copies it to a scratch folder before running make, and `.`
+        // would copy target/ and .tools/ (GBs). The Makefile is found through ContextPath and
+        // builds in the repository itself.
+        let content = p["ContentUri"].as_str().unwrap();
+        assert_eq!(content, "extension/layer");
+        let files: Vec<_> = std::fs::read_dir(repo_root().join(content))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(files, ["flightlock-wrapper"], "{content} must stay small");
         assert_eq!(p["CompatibleArchitectures"][0].as_str(), Some(arch));
         let meta = &t["Resources"][name]["Metadata"];
         assert_eq!(meta["BuildMethod"].as_str(), Some("makefile"));
         assert_eq!(meta["BuildArchitecture"].as_str(), Some(arch));
+        assert_eq!(meta["ContextPath"].as_str(), Some("."));
+        let makefile = std::fs::read_to_string(repo_root().join("Makefile")).unwrap();
+        assert!(
+            makefile.contains(&format!("\nbuild-{name}:")),
+            "the Makefile has no target build-{name}"
+        );
     }
     let root = repo_root();
     for (name, runtime, handler, code) in [
@@ -240,10 +374,87 @@ fn layers_and_functions_carry_build_metadata_and_their_code_exists() {
     let outputs = t["Outputs"].as_mapping().unwrap();
     for o in [
         "LockTableName",
+        "LockTableArn",
+        "LockUserPolicyArn",
         "FlightlockLayerX86Arn",
         "FlightlockLayerArm64Arn",
     ] {
         assert!(outputs.contains_key(o), "output {o} missing");
+    }
+}
+
+#[test]
+fn every_output_is_exported_under_the_stack_name() {
+    let t = template();
+    for (name, output) in t["Outputs"].as_mapping().unwrap() {
+        let name = name.as_str().unwrap();
+        let export = &output["Export"]["Name"];
+        assert!(
+            matches!(export, Value::Tagged(s) if s.tag == "Sub"
+                && s.value.as_str() == Some(format!("${{AWS::StackName}}-{name}").as_str())),
+            "output {name}: export {export:?}"
+        );
+    }
+}
+
+#[test]
+fn alarms_watch_metrics_the_code_emits_and_notify_the_optional_topic() {
+    let t = template();
+    // The extension's metric names, as its source spells them (`Metric::X => "X"`).
+    let source = std::fs::read_to_string(repo_root().join("extension/src/metrics.rs")).unwrap();
+    let extension: BTreeSet<String> = source
+        .lines()
+        .filter_map(|l| l.split_once("=> \"")?.1.split_once('"'))
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    assert!(extension.contains("UnenforcedInvocations"), "{extension:?}");
+    // The sweeper's, from the EMF document it prints.
+    let emf = flightlock_cleanup::metrics::emf("t", &flightlock::SweepSummary::default(), 0);
+    let sweeper: BTreeSet<String> = emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["Name"].as_str().unwrap().to_owned())
+        .collect();
+
+    let mut watched = BTreeSet::new();
+    for (name, resource) in t["Resources"].as_mapping().unwrap() {
+        if resource["Type"].as_str() != Some("AWS::CloudWatch::Alarm") {
+            continue;
+        }
+        let name = name.as_str().unwrap();
+        let alarm = &resource["Properties"];
+        let (namespace, metric) = alarm_metric(alarm).unwrap();
+        assert_eq!(namespace, "flightlock", "{name}");
+        let known = if alarm["Dimensions"][0]["Name"].as_str() == Some("Table") {
+            assert_eq!(ref_name(&alarm["Dimensions"][0]["Value"]), Some(TABLE));
+            &sweeper
+        } else {
+            &extension
+        };
+        assert!(
+            known.contains(&metric),
+            "{name} watches {metric}, which nothing emits"
+        );
+        for actions in ["AlarmActions", "OKActions"] {
+            let a = &alarm[actions];
+            assert!(
+                matches!(a, Value::Tagged(tv) if tv.tag == "If"
+                    && tv.value[0].as_str() == Some("HasAlarmTopic")
+                    && ref_name(&tv.value[1][0]) == Some("AlarmTopicArn")),
+                "{name}: {actions} {a:?}"
+            );
+        }
+        watched.insert(metric);
+    }
+    for metric in [
+        "UnenforcedInvocations",
+        "LockLost",
+        "LockErrors",
+        "SweepIncomplete",
+        "SweepErrors",
+    ] {
+        assert!(watched.contains(metric), "no alarm on {metric}");
     }
 }
 
@@ -286,20 +497,47 @@ fn required_actions_reads_calls_and_transaction_parts() {
 
 #[test]
 fn granted_actions_rejects_wildcards_and_other_resources() {
-    let ok: Value = serde_yaml::from_str(
+    let ok: Value = serde_yaml_ng::from_str(
         "Policies:\n  - Statement:\n      - Effect: Allow\n        Action: [dynamodb:Scan]\n        Resource: !GetAtt LockTable.Arn\n",
     )
     .unwrap();
     assert_eq!(
-        granted_actions(&ok, TABLE).unwrap(),
+        granted_actions(&template(), &ok, TABLE).unwrap(),
         set(&["dynamodb:Scan"])
     );
     for bad in [
         "Policies:\n  - Statement:\n      - Effect: Allow\n        Action: dynamodb:*\n        Resource: !GetAtt LockTable.Arn\n",
         "Policies:\n  - Statement:\n      - Effect: Allow\n        Action: dynamodb:Scan\n        Resource: '*'\n",
         "Policies:\n  - DynamoDBCrudPolicy:\n      TableName: !Ref LockTable\n",
+        "Policies:\n  - !Ref LockTable\n",
     ] {
-        let v: Value = serde_yaml::from_str(bad).unwrap();
-        assert!(granted_actions(&v, TABLE).is_err(), "{bad}");
+        let v: Value = serde_yaml_ng::from_str(bad).unwrap();
+        assert!(granted_actions(&template(), &v, TABLE).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn alarm_metric_reads_both_alarm_forms() {
+    let plain: Value =
+        serde_yaml_ng::from_str("Namespace: flightlock\nMetricName: SweepErrors\n").unwrap();
+    assert_eq!(
+        alarm_metric(&plain).unwrap(),
+        ("flightlock".to_owned(), "SweepErrors".to_owned())
+    );
+    let query: Value = serde_yaml_ng::from_str(
+        "Metrics:\n  - Id: a\n    Expression: SELECT SUM(LockLost) FROM SCHEMA(flightlock, FunctionName)\n",
+    )
+    .unwrap();
+    assert_eq!(
+        alarm_metric(&query).unwrap(),
+        ("flightlock".to_owned(), "LockLost".to_owned())
+    );
+    for bad in [
+        "Metrics:\n  - Id: a\n    Expression: SELECT SUM(*) FROM flightlock\n",
+        "Metrics:\n  - Id: a\n    Expression: SELECT SUM(LockLost) FROM flightlock\n",
+        "Threshold: 1\n",
+    ] {
+        let v: Value = serde_yaml_ng::from_str(bad).unwrap();
+        assert!(alarm_metric(&v).is_err(), "{bad}");
     }
 }

@@ -1,7 +1,8 @@
 //! Test support for flightlock.
 //!
-//! - [`endpoint`] / [`require_endpoint`]: find the local DynamoDB endpoint
-//!   (DynamoDB Local) from the environment.
+//! - [`endpoint`] / [`require_endpoint`]: the local DynamoDB endpoint from the environment;
+//!   when none is set, [`require_endpoint`] starts DynamoDB Local for the test binary (once, on
+//!   127.0.0.1, stopped when the binary exits), so `cargo test` works on its own.
 //! - [`client`] / [`client_with`]: an SDK client for an endpoint with fixed
 //!   dummy credentials and no environment or profile lookups.
 //! - [`unique_table`]: per-test table names that never collide.
@@ -13,6 +14,7 @@
 // Tests may unwrap; library code must not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod local;
 mod proxy;
 mod responses;
 mod rule;
@@ -53,21 +55,22 @@ pub fn endpoint() -> Option<String> {
         })
 }
 
-/// Like [`endpoint`], but panics with instructions when no endpoint is
-/// configured. Use it in tests that need DynamoDB Local.
+/// The DynamoDB endpoint for a test: [`endpoint`] if one is configured, else a DynamoDB Local
+/// that this test binary starts on first use (once, on 127.0.0.1, through
+/// `scripts/dynamodb-local`; stopped when the binary exits). Use it in tests that need DynamoDB
+/// Local.
 ///
 /// # Panics
 ///
-/// If neither `AWS_ENDPOINT_URL_DYNAMODB` nor `AWS_ENDPOINT_URL` is set.
+/// If no endpoint is configured and DynamoDB Local cannot be started (no Java 17+; the first
+/// time, no npm or javac); the message says which.
 pub fn require_endpoint() -> String {
-    match endpoint() {
-        Some(endpoint) => endpoint,
-        None => panic!(
-            "this test needs DynamoDB Local, but neither {ENDPOINT_ENV} nor \
-             {GENERIC_ENDPOINT_ENV} is set; run the tests through \
-             `scripts/dynamodb-local run -- cargo test` (see the README's test \
-             command), or point {ENDPOINT_ENV} at a running DynamoDB Local"
-        ),
+    if let Some(endpoint) = endpoint() {
+        return endpoint;
+    }
+    match local::own_server() {
+        Ok(endpoint) => endpoint,
+        Err(problem) => panic!("this test needs DynamoDB Local: {problem}"),
     }
 }
 

@@ -1,36 +1,18 @@
-//! Proxy + SDK against a real DynamoDB Local. Every test here returns early
-//! (with a note) when `AWS_ENDPOINT_URL_DYNAMODB` is unset; run them with
-//! `scripts/dynamodb-local run -- cargo test -p flightlock-testkit`.
+//! Proxy + SDK against a real DynamoDB Local: the one `AWS_ENDPOINT_URL_DYNAMODB` names, or
+//! one this test binary starts ([`crate::require_endpoint`]).
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
     ScalarAttributeType, TransactWriteItem,
 };
 
-use crate::{client, unique_table, Fault, FaultProxy, Rule};
-
-fn local_endpoint() -> Option<String> {
-    let endpoint = std::env::var(crate::ENDPOINT_ENV).ok();
-    if endpoint.is_none() {
-        println!(
-            "skipped: {} is not set (no DynamoDB Local)",
-            crate::ENDPOINT_ENV
-        );
-    }
-    endpoint
-}
+use crate::{client, require_endpoint, unique_table, Fault, FaultProxy, Rule};
 
 /// Against a real DynamoDB Local: a throttled ListTables is retried by the SDK
-/// and succeeds. Skipped when `AWS_ENDPOINT_URL_DYNAMODB` is unset.
+/// and succeeds.
 #[tokio::test]
 async fn dynamodb_local_list_tables_retried_after_throttle() {
-    let Ok(endpoint) = std::env::var(crate::ENDPOINT_ENV) else {
-        println!(
-            "skipped: {} is not set (no DynamoDB Local)",
-            crate::ENDPOINT_ENV
-        );
-        return;
-    };
+    let endpoint = require_endpoint();
     let proxy = FaultProxy::start(&endpoint).await.unwrap();
     proxy.add_rule(Rule::new(Fault::Throttle).on("ListTables").times(1));
     let client = client(&proxy.endpoint()).await;
@@ -46,9 +28,7 @@ async fn dynamodb_local_list_tables_retried_after_throttle() {
 /// with ConditionalCheckFailed.
 #[tokio::test]
 async fn dynamodb_local_transact_write_retried_after_dropped_response() {
-    let Some(endpoint) = local_endpoint() else {
-        return;
-    };
+    let endpoint = require_endpoint();
     let direct = client(&endpoint).await;
     let table = unique_table("testkit");
     direct

@@ -23,6 +23,10 @@ use flightlock::{ClockSkew, LockOptions, Wait};
 pub const EXIT_BUSY: u8 = 75;
 /// Exit status when the lock was lost while the command ran and the command itself succeeded.
 pub const EXIT_LOST: u8 = 70;
+/// Exit status when the command was found but could not be started (as `env(1)` and `flock(1)`).
+pub const EXIT_CANNOT_RUN: u8 = 126;
+/// Exit status when the command was not found (as `env(1)` and `flock(1)`).
+pub const EXIT_NOT_FOUND: u8 = 127;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{Conn, LockArgs, EXIT_BUSY, EXIT_LOST};
+use crate::{Conn, LockArgs, EXIT_BUSY, EXIT_CANNOT_RUN, EXIT_LOST, EXIT_NOT_FOUND};
 
 /// Arguments of `flightlock run`.
 #[derive(Args, Debug)]
@@ -62,7 +62,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Ok(c) => c,
         Err(e) => {
             let _ = guard.release().await;
-            return Err(anyhow::anyhow!("could not start {program:?}: {e}"));
+            eprintln!("flightlock: could not start {program:?}: {e}");
+            // As env(1) and flock(1) do, so scripts can tell "not found" from the command's own
+            // failures.
+            return Ok(ExitCode::from(
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    EXIT_NOT_FOUND
+                } else {
+                    EXIT_CANNOT_RUN
+                },
+            ));
         }
     };
     let pid = child

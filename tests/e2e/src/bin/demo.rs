@@ -337,5 +337,5 @@ fn cli_bin() -> PathBuf {
             return p;
         }
     }
-    panic!("the flightlock CLI is not built: cargo build -p flightlock --bin flightlock");
+    panic!("the flightlock CLI is not built: cargo build -p flightlock --features cli --bin flightlock");
 }

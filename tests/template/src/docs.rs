@@ -1,0 +1,186 @@
+//! The docs checked against the code: the configuration tables list exactly the variables the
+//! code reads and every word it accepts, the wrapper script and the extension read
+//! `FLIGHTLOCK_PROXY_PORT` alike, and every CLI exit status is documented.
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::Command;
+
+use flightlock::config::{self, Config};
+use flightlock::{ClockSkew, Wait};
+use flightlock_cleanup::config as cleanup_config;
+
+use crate::repo_root;
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo_root().join(path)).unwrap()
+}
+
+/// The lines of the Markdown section that starts with `heading`, up to the next `## `.
+fn section<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| l.trim() != heading)
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .collect()
+}
+
+/// Table rows whose first cell is a backticked `FLIGHTLOCK_*` name: name → the rest of the row.
+fn variable_rows<'a>(lines: &[&'a str]) -> HashMap<String, &'a str> {
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("| `FLIGHTLOCK_"))
+        .filter_map(|rest| rest.split_once("` |"))
+        .map(|(name, row)| (format!("FLIGHTLOCK_{name}"), row))
+        .collect()
+}
+
+fn names(rows: &HashMap<String, &str>) -> BTreeSet<String> {
+    rows.keys().cloned().collect()
+}
+
+fn known(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn variable_rows_reads_only_variable_rows() {
+    let lines = [
+        "| variable | meaning | default |",
+        "| `FLIGHTLOCK_A` | a | `1` |",
+        "| `OTHER` | b | |",
+        "text `FLIGHTLOCK_B`",
+    ];
+    let rows = variable_rows(&lines);
+    assert_eq!(names(&rows), known(&["FLIGHTLOCK_A"]));
+    assert_eq!(rows["FLIGHTLOCK_A"], " a | `1` |");
+}
+
+#[test]
+fn readme_configuration_table_lists_exactly_the_variables_the_code_reads() {
+    let readme = read("README.md");
+    let rows = variable_rows(&section(&readme, "## Configuration"));
+    assert_eq!(names(&rows), known(config::KNOWN));
+}
+
+#[test]
+fn every_accepted_word_is_documented_and_none_is_not_a_skew() {
+    let readme = read("README.md");
+    let rows = variable_rows(&section(&readme, "## Configuration"));
+    for word in Wait::FOREVER_WORDS {
+        assert!(
+            rows[config::WAIT].contains(&format!("`{word}`")),
+            "FLIGHTLOCK_WAIT accepts {word}, the README does not say so"
+        );
+    }
+    for word in ClockSkew::UNBOUNDED_WORDS {
+        assert!(
+            rows[config::CLOCK_SKEW].contains(&format!("`{word}`")),
+            "FLIGHTLOCK_CLOCK_SKEW accepts {word}, the README does not say so"
+        );
+    }
+    assert!(ClockSkew::parse("none").is_err());
+    for word in ["on", "off", "true", "false", "1", "0"] {
+        assert!(
+            rows[config::METRICS].contains(&format!("`{word}`")),
+            "{word}"
+        );
+        let env = HashMap::from([
+            (config::TABLE.to_owned(), "locks".to_owned()),
+            (config::KEY.to_owned(), "k".to_owned()),
+            (config::METRICS.to_owned(), word.to_uppercase()),
+        ]);
+        assert!(Config::from_map(&env).is_ok(), "FLIGHTLOCK_METRICS={word}");
+    }
+}
+
+#[test]
+fn cleanup_docs_list_exactly_the_variables_the_cleanup_function_reads() {
+    let readme = read("functions/cleanup/README.md");
+    let rows = variable_rows(&readme.lines().collect::<Vec<_>>());
+    assert_eq!(names(&rows), known(cleanup_config::KNOWN));
+    // The root README names them in a sentence below its table.
+    let root = read("README.md");
+    let configuration = section(&root, "## Configuration").join("\n");
+    for name in cleanup_config::KNOWN {
+        assert!(
+            configuration.contains(&format!("`{name}`")),
+            "{name} is not in the README"
+        );
+    }
+}
+
+/// What the extension makes of `FLIGHTLOCK_PROXY_PORT = value`: the port, or `None` (init fails).
+fn extension_port(value: &str) -> Option<u16> {
+    let env = HashMap::from([
+        (config::TABLE.to_owned(), "locks".to_owned()),
+        (config::KEY.to_owned(), "k".to_owned()),
+        (config::PROXY_PORT.to_owned(), value.to_owned()),
+    ]);
+    Config::from_map(&env).ok().map(|c| c.proxy_port)
+}
+
+/// What the wrapper makes of it: the port it points the runtime at, or `None` (it refuses).
+fn wrapper_port(value: &str) -> Option<u16> {
+    let out = Command::new("sh")
+        .arg(repo_root().join("extension/layer/flightlock-wrapper"))
+        .args(["sh", "-c", "printf %s \"$AWS_LAMBDA_RUNTIME_API\""])
+        .env(config::PROXY_PORT, value)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let api = String::from_utf8(out.stdout).unwrap();
+    Some(api.strip_prefix("127.0.0.1:").unwrap().parse().unwrap())
+}
+
+#[test]
+fn the_wrapper_and_the_extension_read_the_proxy_port_alike() {
+    for value in [
+        "",
+        " ",
+        "9009",
+        " 9010 ",
+        "009011",
+        "1",
+        "65535",
+        "0",
+        "65536",
+        "+9009",
+        "-1",
+        "12a",
+        "9 009",
+        "0x10",
+        "99999999999999999999",
+        "000000000000000009012",
+    ] {
+        assert_eq!(
+            wrapper_port(value),
+            extension_port(value),
+            "FLIGHTLOCK_PROXY_PORT={value:?}"
+        );
+    }
+    assert_eq!(wrapper_port(""), Some(config::DEFAULT_PROXY_PORT));
+}
+
+#[test]
+fn every_cli_exit_status_is_documented() {
+    let main = read("lock/src/bin/flightlock/main.rs");
+    let statuses: Vec<(&str, &str)> = main
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub const EXIT_"))
+        .filter_map(|l| l.split_once(": u8 = "))
+        .map(|(name, v)| (name, v.trim_end_matches(';')))
+        .collect();
+    assert!(statuses.len() >= 4, "{statuses:?}");
+    let readme = read("README.md");
+    for (name, value) in statuses {
+        assert!(
+            readme.contains(&format!("\n| {value} | ")),
+            "exit status {value} (EXIT_{name}) is not in the README's table"
+        );
+    }
+    for value in ["0", "1", "2"] {
+        assert!(readme.contains(&format!("\n| {value} | ")), "{value}");
+    }
+}
