@@ -2,7 +2,7 @@
 //! client, run the invocation loop.
 
 use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::BehaviorVersion;
 use flightlock::sweep::Sweeper;
@@ -10,6 +10,14 @@ use flightlock::SweepSummary;
 use flightlock_cleanup::{budget, invoke, metrics, Config};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
+
+/// Connect, attempt and whole-operation timeouts of the sweeper's requests: the whole-operation
+/// bound (retries included) stays under the default 5 s margin.
+const REQUEST_BOUNDS: (Duration, Duration, Duration) = (
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(3),
+);
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -23,7 +31,18 @@ async fn main() -> Result<(), Error> {
         tracing::error!(error = %e, "invalid configuration");
     })?;
     let aws = aws_config::load_defaults(BehaviorVersion::latest()).await;
-    let sweeper = Sweeper::new(aws_sdk_dynamodb::Client::new(&aws), &config.table);
+    // The sweep stops starting work at the deadline minus the margin; these bounds make every
+    // request already in flight end within the margin too (a hung connection, a blackholed
+    // endpoint), so the summary is always returned before the platform's timeout.
+    let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+        .connect_timeout(REQUEST_BOUNDS.0)
+        .operation_attempt_timeout(REQUEST_BOUNDS.1)
+        .operation_timeout(REQUEST_BOUNDS.2)
+        .build();
+    let dynamodb = aws_sdk_dynamodb::config::Builder::from(&aws)
+        .timeout_config(timeouts)
+        .build();
+    let sweeper = Sweeper::new(aws_sdk_dynamodb::Client::from_conf(dynamodb), &config.table);
     let (sweeper, config) = (&sweeper, &config);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         handle(sweeper, config, event).await
