@@ -89,10 +89,6 @@ fn seeded_schedules_hold_every_guarantee() {
             totals.token_replays > 0,
             "no ambiguous enqueue was ever replayed"
         );
-        assert!(
-            totals.ticket_taken > 0,
-            "no enqueue ever met a counter set back by hand"
-        );
         assert!(totals.ttl_deleted > 0 && totals.swept > 0);
     }
 }
