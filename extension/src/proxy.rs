@@ -114,6 +114,7 @@ impl Proxy {
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics);
+        gate.check_table_in_background();
         Proxy {
             config,
             gate,

@@ -46,6 +46,9 @@ pub fn decision_budget(left: Duration, margin: Duration) -> Duration {
     left.saturating_sub(margin / 2).max(left / 2)
 }
 
+/// How long a failed acquisition may spend asking the table check for a better error.
+const EXPLAIN_MAX: Duration = Duration::from_millis(500);
+
 /// How long a release may take, when `left` is the time until the deadline (`None`: unknown).
 pub fn release_budget(left: Option<Duration>) -> Duration {
     left.unwrap_or(RELEASE_MAX).clamp(RELEASE_MIN, RELEASE_MAX)
@@ -365,12 +368,40 @@ impl Gate {
                 }
             }
             Err(e) => {
+                // A table that is not a flightlock table fails with a bare ValidationException:
+                // give the table check's actionable error instead, if it can tell in time.
+                let e = match tokio::time::timeout(EXPLAIN_MAX, self.locker.explain(&e)).await {
+                    Ok(Some(better)) => better,
+                    _ => e,
+                };
                 tracing::error!(error = %e, "could not take the lock; failing the invocation");
                 self.metrics.count(Metric::LockErrors);
                 // The full error is in the log; the caller gets no ARNs or account ids.
                 failed(LOCK_ERROR_TYPE, &redact_aws_ids(&e.to_string()))
             }
         }
+    }
+
+    /// Checks the lock table in the background (key schema, TTL), so a wrong table is reported
+    /// at init with the fix, not at the first invocation as a bare DynamoDB error. Without the
+    /// describe permissions it only says so.
+    pub fn check_table_in_background(&self) {
+        let locker = self.locker.clone();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            match tokio::time::timeout(Duration::from_secs(5), locker.check_table()).await {
+                Ok(Ok(())) => tracing::debug!(table = locker.table(), "lock table checked"),
+                Ok(Err(e @ Error::AccessDenied { .. })) => tracing::warn!(
+                    error = %e,
+                    "could not check the lock table (grant dynamodb:DescribeTable and \
+                     dynamodb:DescribeTimeToLive to have it checked at init)"
+                ),
+                Ok(Err(e)) => tracing::error!(error = %e, "the lock table is not usable"),
+                Err(_) => tracing::warn!("the lock table check did not finish in 5 s"),
+            }
+        });
     }
 
     /// Releases a held lock, bounded by the time left until its invocation's deadline (see

@@ -74,13 +74,16 @@ impl FlightlockLayer {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "lambda".to_owned());
-        FlightlockLayer {
+        let layer = FlightlockLayer {
             gate: Gate::new(
                 Arc::new(config),
                 locker,
                 format!("{host}:{}", std::process::id()),
             ),
-        }
+        };
+        // A wrong table (keys, TTL) is reported at init with its fix (needs a runtime).
+        layer.gate.check_table_in_background();
+        layer
     }
 
     /// A layer configured by the `FLIGHTLOCK_*` variables in `env` (pass

@@ -67,6 +67,9 @@ pub struct Locker {
     clock: Arc<dyn Clock>,
     memory: Arc<Memory>,
     observer: Arc<Mutex<Observer>>,
+    /// The DynamoDB client, for checking the table when a request fails oddly (none on the
+    /// simulation's storage).
+    admin: Option<Client>,
 }
 
 impl Locker {
@@ -99,7 +102,9 @@ impl Locker {
         }
         let client = Client::from_conf(config.build());
         let table = table.as_ref();
-        Locker::on(Arc::new(Dynamo::new(client, table)), table)
+        let mut locker = Locker::on(Arc::new(Dynamo::new(client.clone(), table)), table);
+        locker.admin = Some(client);
+        locker
     }
 
     /// A locker on any storage (the simulation's model of DynamoDB).
@@ -109,6 +114,7 @@ impl Locker {
             clock: Arc::new(SystemClock),
             memory: Arc::default(),
             observer: Arc::default(),
+            admin: None,
         }
     }
 
@@ -130,6 +136,35 @@ impl Locker {
     /// The table name.
     pub fn table(&self) -> &str {
         self.store.table()
+    }
+
+    /// Checks the table as `flightlock create-table` does: it exists, its keys are `pk`/`sk`
+    /// (strings) and TTL is on `expiresAt`. Needs `dynamodb:DescribeTable` and
+    /// `dynamodb:DescribeTimeToLive`. Lambda users call it at init ([`crate::gate::Gate`] does).
+    pub async fn check_table(&self) -> Result<(), Error> {
+        match &self.admin {
+            Some(client) => crate::table::verify_table(client, self.table()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The actionable error behind a failure that may come from a table that is not a
+    /// flightlock table (a `ValidationException` from a wrong key schema, say): the table check's
+    /// `WrongKeySchema`, `WrongTtl` or `TableNotFound`, or `None` if the check finds nothing
+    /// wrong (or cannot run).
+    pub async fn explain(&self, error: &Error) -> Option<Error> {
+        let suspicious = match error {
+            Error::Dynamo { source, .. } => source.to_string().contains("ValidationException"),
+            _ => false,
+        };
+        if !suspicious {
+            return None;
+        }
+        match self.check_table().await {
+            Err(e @ (Error::WrongKeySchema { .. } | Error::WrongTtl { .. })) => Some(e),
+            Err(e @ Error::TableNotFound { .. }) => Some(e),
+            _ => None,
+        }
     }
 
     /// Acquires `key`, waiting as `opts.wait` says. On success the returned guard heartbeats in

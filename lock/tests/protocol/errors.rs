@@ -105,3 +105,45 @@ async fn a_millisecond_ttl_in_a_row_is_reported_by_name() {
     );
     drop(g);
 }
+
+/// A Lambda user whose table has the wrong keys gets the CLI's actionable error (from the table
+/// check behind [`flightlock::Locker::explain`]), not a bare `ValidationException`.
+#[tokio::test]
+async fn a_wrong_table_is_explained_on_first_use() {
+    let endpoint = flightlock_testkit::require_endpoint();
+    let client = flightlock_testkit::client(&endpoint).await;
+    let name = flightlock_testkit::unique_table("wrongfirst");
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let locker = flightlock::Locker::new(client, &name);
+    let err = locker
+        .acquire("k", &flightlock::LockOptions::default())
+        .await
+        .unwrap_err();
+    let better = locker.explain(&err).await;
+    let better = better.unwrap_or_else(|| panic!("no explanation for {err}"));
+    assert!(matches!(better, Error::WrongKeySchema { .. }), "{better}");
+    assert!(matches!(
+        locker.check_table().await,
+        Err(Error::WrongKeySchema { .. })
+    ));
+}
