@@ -780,9 +780,10 @@ impl Attempt<'_> {
     /// wakes it at once.
     async fn wait_turn(&mut self, m: Membership) -> Result<Option<Membership>, Error> {
         let mut lost = m.subscribe();
-        let wake = self.locker.memory.waiting(self.key);
+        let ticket = m.ticket;
+        let wake = self.locker.memory.waiting(self.key, ticket);
         let result = self.wait_turn_inner(m, &mut lost, &wake).await;
-        self.locker.memory.done_waiting(self.key, wake);
+        self.locker.memory.done_waiting(self.key, ticket);
         result
     }
 

@@ -1,10 +1,11 @@
 //! What one process (one [`crate::Locker`] and its clones) remembers about keys between calls:
 //! the hint from its last release, how long it held each key, and which of its own acquisitions
-//! are waiting, so a release wakes them at once instead of at their next poll.
+//! are waiting, so a release wakes the next of them (the lowest ticket) at once instead of at
+//! its next poll.
 //!
 //! Every map is bounded; forgetting costs a request or a little speed, never correctness.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +29,8 @@ pub(crate) struct Hint {
 pub(crate) struct Memory {
     hints: Mutex<HashMap<String, Hint>>,
     holds: Mutex<HashMap<String, Duration>>,
-    waiting: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Per key, our waiters by ticket.
+    waiting: Mutex<HashMap<String, BTreeMap<u64, Arc<Notify>>>>,
 }
 
 fn bounded_insert<V>(map: &mut HashMap<String, V>, key: &str, value: V) {
@@ -73,35 +75,45 @@ impl Memory {
         bounded_insert(&mut holds, key, average);
     }
 
-    /// The notifier our waiters on `key` listen to.
-    pub(crate) fn waiting(&self, key: &str) -> Arc<Notify> {
-        let Ok(mut waiting) = self.waiting.lock() else {
-            return Arc::new(Notify::new());
-        };
-        if let Some(n) = waiting.get(key) {
-            return n.clone();
-        }
+    /// The notifier our waiter with `ticket` on `key` listens to.
+    pub(crate) fn waiting(&self, key: &str, ticket: u64) -> Arc<Notify> {
         let n = Arc::new(Notify::new());
-        bounded_insert(&mut waiting, key, n.clone());
+        let Ok(mut waiting) = self.waiting.lock() else {
+            return n;
+        };
+        if waiting.len() >= MAX_KEYS && !waiting.contains_key(key) {
+            waiting.clear();
+        }
+        waiting
+            .entry(key.to_owned())
+            .or_default()
+            .insert(ticket, n.clone());
         n
     }
 
-    /// A waiter stops listening; the entry goes when nobody listens.
-    pub(crate) fn done_waiting(&self, key: &str, notify: Arc<Notify>) {
+    /// Our waiter with `ticket` stops listening.
+    pub(crate) fn done_waiting(&self, key: &str, ticket: u64) {
         let Ok(mut waiting) = self.waiting.lock() else {
             return;
         };
-        // Ours and the map's: nobody else listens.
-        if Arc::strong_count(&notify) <= 2 {
-            waiting.remove(key);
+        if let Some(tickets) = waiting.get_mut(key) {
+            tickets.remove(&ticket);
+            if tickets.is_empty() {
+                waiting.remove(key);
+            }
         }
     }
 
-    /// We released `key`: our own waiters look at once.
+    /// We released `key`: our waiter with the lowest ticket looks at once (it is the one that
+    /// may be next; the others would only find it ahead of them).
     pub(crate) fn released(&self, key: &str) {
-        let notify = self.waiting.lock().ok().and_then(|w| w.get(key).cloned());
-        if let Some(n) = notify {
-            n.notify_waiters();
+        let next = self
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|w| w.get(key)?.values().next().cloned());
+        if let Some(n) = next {
+            n.notify_one();
         }
     }
 }
@@ -140,19 +152,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_release_wakes_local_waiters() {
+    async fn a_release_wakes_the_lowest_local_waiter() {
         let m = Arc::new(Memory::default());
-        let n = m.waiting("k");
-        {
-            let woken = n.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            m.released("k");
-            tokio::time::timeout(Duration::from_secs(1), woken)
+        let later = m.waiting("k", 9);
+        let next = m.waiting("k", 4);
+        m.released("k");
+        // notify_one stores a permit for the next waiter: it is woken, the later one is not.
+        tokio::time::timeout(Duration::from_secs(1), next.notified())
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), later.notified())
                 .await
-                .unwrap();
-        }
-        m.done_waiting("k", n);
+                .is_err()
+        );
+        m.done_waiting("k", 4);
+        m.done_waiting("k", 9);
         assert!(m.waiting.lock().unwrap().is_empty());
     }
 }
