@@ -27,27 +27,7 @@ async fn a_table_with_the_wrong_keys_is_refused() {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let name = flightlock_testkit::unique_table("wrongkeys");
-    client
-        .create_table()
-        .table_name(&name)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    create_table_keyed_by_id(&client, &name).await;
     let err = table::create_table(&client, &name).await.unwrap_err();
     assert!(matches!(err, Error::WrongKeySchema { .. }), "{err}");
     assert!(err.to_string().contains("`id` (S, HASH)"), "{err}");
@@ -113,9 +93,26 @@ async fn a_wrong_table_is_explained_on_first_use() {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let name = flightlock_testkit::unique_table("wrongfirst");
+    create_table_keyed_by_id(&client, &name).await;
+    let locker = flightlock::Locker::new(client, &name);
+    let err = locker
+        .acquire("k", &flightlock::LockOptions::default())
+        .await
+        .unwrap_err();
+    let better = locker.explain(&err).await;
+    let better = better.unwrap_or_else(|| panic!("no explanation for {err}"));
+    assert!(matches!(better, Error::WrongKeySchema { .. }), "{better}");
+    assert!(matches!(
+        locker.check_table().await,
+        Err(Error::WrongKeySchema { .. })
+    ));
+}
+
+/// A table that is not a flightlock table: one string hash key `id`.
+async fn create_table_keyed_by_id(client: &aws_sdk_dynamodb::Client, name: &str) {
     client
         .create_table()
-        .table_name(&name)
+        .table_name(name)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(
             AttributeDefinition::builder()
@@ -134,16 +131,4 @@ async fn a_wrong_table_is_explained_on_first_use() {
         .send()
         .await
         .unwrap();
-    let locker = flightlock::Locker::new(client, &name);
-    let err = locker
-        .acquire("k", &flightlock::LockOptions::default())
-        .await
-        .unwrap_err();
-    let better = locker.explain(&err).await;
-    let better = better.unwrap_or_else(|| panic!("no explanation for {err}"));
-    assert!(matches!(better, Error::WrongKeySchema { .. }), "{better}");
-    assert!(matches!(
-        locker.check_table().await,
-        Err(Error::WrongKeySchema { .. })
-    ));
 }
