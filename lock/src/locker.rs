@@ -432,21 +432,25 @@ impl Attempt<'_> {
             .iter()
             .filter(|r| below.is_none_or(|b| r.ticket < b))
         {
-            let verdict = self.judge(row);
-            let live = match verdict {
-                Verdict::Live => true,
-                Verdict::Stale => {
-                    let outcome = self.delete_stale(row).await?;
-                    tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
-                    outcome == StaleDelete::Revived
-                }
-            };
-            if live {
+            if self.alive(row).await? {
                 first_live = Some(row.clone());
                 break; // one live row ahead is enough to wait; rows behind it are its business
             }
         }
         Ok((snap, first_live))
+    }
+
+    /// Whether a row ahead of us is live. A stale one is passed over: deleted conditionally on
+    /// the `rvn` judged; only a heartbeat that landed first (`Revived`) keeps it live.
+    async fn alive(&self, row: &QueueRow) -> Result<bool, Error> {
+        match self.judge(row) {
+            Verdict::Live => Ok(true),
+            Verdict::Stale => {
+                let outcome = self.delete_stale(row).await?;
+                tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
+                Ok(outcome == StaleDelete::Revived)
+            }
+        }
     }
 
     fn judge(&self, row: &QueueRow) -> Verdict {
@@ -747,15 +751,7 @@ impl Attempt<'_> {
                     }
                     return Ok(Look::Removed);
                 }
-                let live = match self.judge(&row) {
-                    Verdict::Live => true,
-                    Verdict::Stale => {
-                        let outcome = self.delete_stale(&row).await?;
-                        tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
-                        outcome == StaleDelete::Revived
-                    }
-                };
-                if live {
+                if self.alive(&row).await? {
                     // Rows read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more.
                     let ahead = items.len() - i + usize::from(next.is_some());
