@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,14 +33,6 @@ fn rie() -> PathBuf {
         .find_map(|l| l.strip_prefix("export FLIGHTLOCK_RIE="))
         .expect("scripts/python-tools printed no FLIGHTLOCK_RIE");
     PathBuf::from(path.trim())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Kills the emulator (and with it the function) when the test ends, even on panic.
@@ -113,7 +105,7 @@ async fn the_function_sweeps_under_the_runtime_emulator() {
         .unwrap();
 
     let rie = tokio::task::spawn_blocking(rie).await.unwrap();
-    let port = free_port();
+    let port = flightlock_testkit::free_port();
     let stdout = std::env::temp_dir().join(format!("{table}.out"));
     let child = Command::new(rie)
         .arg("--runtime-interface-emulator-address")

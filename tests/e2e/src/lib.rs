@@ -81,14 +81,7 @@ fn tool(var: &str) -> PathBuf {
     path
 }
 
-/// A free TCP port on 127.0.0.1 (the OS picks; a tiny race with other processes is possible).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use flightlock_testkit::free_port;
 
 /// A fresh lock table on DynamoDB Local; returns (endpoint, table).
 pub async fn table(prefix: &str) -> (String, String) {
@@ -178,6 +171,8 @@ pub struct Invoked {
     pub headers: http::HeaderMap,
     /// Body bytes.
     pub body: Bytes,
+    /// The environment's name and log when the body was empty (what to show if a test needs it).
+    context: Option<String>,
 }
 
 impl Invoked {
@@ -185,8 +180,10 @@ impl Invoked {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
-                "response is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body[..self.body.len().min(500)])
+                "response (status {}) is not JSON ({e}): {}{}",
+                self.status,
+                String::from_utf8_lossy(&self.body[..self.body.len().min(500)]),
+                self.context.as_deref().unwrap_or_default()
             )
         })
     }
@@ -400,11 +397,21 @@ impl Env {
                 status: parts.status.as_u16(),
                 headers: parts.headers,
                 body,
+                context: None,
             })
         })
         .await;
         match resp {
-            Ok(Ok(r)) => r,
+            Ok(Ok(mut r)) => {
+                if r.body.is_empty() {
+                    r.context = Some(format!(
+                        "\nempty answer from {}; log:\n{}",
+                        self.name,
+                        self.log()
+                    ));
+                }
+                r
+            }
             Ok(Err(e)) => panic!("invoke of {} failed: {e}; log:\n{}", self.name, self.log()),
             Err(_) => panic!(
                 "invoke of {} took over 90 s; log:\n{}",

@@ -195,6 +195,38 @@ pub fn unique_table(prefix: &str) -> String {
     prefix + &suffix
 }
 
+/// A TCP port on 127.0.0.1 for a server that a test starts in another process (RIE, the
+/// extension's proxy), so the test cannot hold the socket open for it.
+///
+/// Binding port 0 and closing it again, the usual trick, hands out a port from the kernel's
+/// ephemeral range, which the kernel also hands to every outgoing connection: between the
+/// check and the server's bind, a DynamoDB or Runtime API connection of another test can take
+/// it, and the server fails with "Address already in use" (this made end-to-end tests flaky
+/// under load). These ports come from below that range instead
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), never twice from one process, starting at a
+/// place set by the process id so two test processes rarely meet; each is checked free.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let low: u16 = 10_000;
+    let span = u64::from(ephemeral_low.saturating_sub(low).max(1_000));
+    let start = (u64::from(std::process::id()) * 7_919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = low + ((start + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no free TCP port on 127.0.0.1 in {low}..{}",
+        u64::from(low) + span
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
