@@ -247,6 +247,12 @@ async fn main() {
         }
         let g = contend(contenders, args.contended_secs, mode.key()).await;
         contention_rows(&mut report, &g, n, args.contended_secs, mode, proxy.total());
+        let detail: Vec<String> = proxy
+            .counts()
+            .iter()
+            .map(|(k, v)| format!("{k} {:.2}", *v as f64 / g.len().max(1) as f64))
+            .collect();
+        println!("      ({})", detail.join(", "));
     }
 
     // 4. Scale: 100 waiters on one key (10 processes of 10 tasks), each once through a 20 ms
@@ -284,6 +290,12 @@ async fn main() {
             format!("{:.1}", queries / 100.0),
             "each ≤ 1 read unit (≤ 8 rows)",
         );
+        let detail: Vec<String> = proxy
+            .counts()
+            .iter()
+            .map(|(k, v)| format!("{k} {:.2}", *v as f64 / 100.0))
+            .collect();
+        println!("      (per waiter: {})", detail.join(", "));
         report.row(
             "100 waiters: all through in",
             format!("{secs:.2} s"),

@@ -22,6 +22,9 @@ pub struct LockGuard {
     membership: Option<Membership>,
     waited: Duration,
     granted_at: tokio::time::Instant,
+    /// The key was not free at our enqueue: we queued behind others (and others likely queued
+    /// behind us), so our release leaves no hint.
+    contended: bool,
     memory: Arc<Memory>,
 }
 
@@ -40,12 +43,14 @@ impl LockGuard {
         membership: Membership,
         waited: Duration,
         granted_at: tokio::time::Instant,
+        contended: bool,
         memory: Arc<Memory>,
     ) -> Self {
         LockGuard {
             membership: Some(membership),
             waited,
             granted_at,
+            contended,
             memory,
         }
     }
@@ -119,8 +124,10 @@ impl LockGuard {
         let result = m.leave().await;
         // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
         // were granted and cannot reappear, so if the counter still stands at `ticket` the queue
-        // is empty and the next acquire can skip its read.
-        let hint = matches!(result, Ok(Owned::Yes)).then_some(hint);
+        // is empty and the next acquire can skip its read. Not after a contended hold: others
+        // have most likely queued behind us, the counter has moved on, and an enqueue on the
+        // hint would only fail its condition (a request and its write units) before reading.
+        let hint = (matches!(result, Ok(Owned::Yes)) && !self.contended).then_some(hint);
         self.memory.remember(&key, hint);
         self.memory.held(&key, held);
         // Waiters of this process look at once instead of at their next poll.

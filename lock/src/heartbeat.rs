@@ -13,11 +13,11 @@
 //! before anyone else can be granted the key. After it fires the task stops: no late heartbeat
 //! is ever sent past the deadline.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
@@ -91,6 +91,8 @@ pub(crate) struct Written<'a> {
     pub valid_for: Duration,
     /// The `leaseUntilMs` the row was written with: heartbeats never write a lower one.
     pub lease_until_ms: i64,
+    /// Our wall clock when the row was prepared (its `acquiredAtMs` if `granted`).
+    pub wall_ms: i64,
 }
 
 /// Our row and its heartbeat task.
@@ -103,8 +105,8 @@ pub(crate) struct Membership {
     state: watch::Receiver<RowState>,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
-    poke: Arc<Notify>,
-    granted: Arc<AtomicBool>,
+    /// Wall-clock ms of the grant (0: not granted yet), for `acquiredAtMs`.
+    granted_at_ms: Arc<AtomicI64>,
     failures: Arc<AtomicU64>,
     clock: Arc<dyn Clock>,
     left: bool,
@@ -126,12 +128,12 @@ impl Membership {
             sent,
             valid_for,
             lease_until_ms,
+            wall_ms,
         } = row;
         let (tx, rx) = watch::channel(RowState::Live(sent + valid_for));
         let failures = Arc::new(AtomicU64::new(0));
         let cancel = CancellationToken::new();
-        let poke = Arc::new(Notify::new());
-        let granted = Arc::new(AtomicBool::new(granted));
+        let granted_at_ms = Arc::new(AtomicI64::new(if granted { wall_ms } else { 0 }));
         let key: Arc<str> = key.into();
         let owner: Arc<str> = owner.into();
         let task = tokio::spawn(
@@ -144,8 +146,7 @@ impl Membership {
                 clock: clock.clone(),
                 state: tx,
                 cancel: cancel.clone(),
-                poke: poke.clone(),
-                granted: granted.clone(),
+                granted_at_ms: granted_at_ms.clone(),
                 failures: failures.clone(),
             }
             .run(sent + valid_for, lease_until_ms),
@@ -158,8 +159,7 @@ impl Membership {
             state: rx,
             cancel,
             task: Some(task),
-            poke,
-            granted,
+            granted_at_ms,
             failures,
             clock,
             left: false,
@@ -171,11 +171,13 @@ impl Membership {
         self.failures.load(Ordering::Relaxed)
     }
 
-    /// Marks the row granted and asks for a heartbeat now: it records `acquiredAtMs` and gives
-    /// the new holder a fresh lease.
-    pub(crate) fn mark_granted(&self) {
-        self.granted.store(true, Ordering::Release);
-        self.poke.notify_one();
+    /// Marks the row granted at `wall_ms`. The next regular heartbeat records it as
+    /// `acquiredAtMs`; none is sent for it now. The lease in hand is good (the grant checked it),
+    /// and an extra write at every handoff would cost a request and a write unit per contended
+    /// cycle for a field only `status` shows (so a hold shorter than a heartbeat interval is never
+    /// shown with its grant time, and nobody can see such a hold in `status` anyway).
+    pub(crate) fn mark_granted(&self, wall_ms: i64) {
+        self.granted_at_ms.store(wall_ms.max(1), Ordering::Release);
     }
 
     /// The row's state. A lease whose deadline has passed counts as lost even before the
@@ -295,8 +297,7 @@ struct Heartbeat {
     clock: Arc<dyn Clock>,
     state: watch::Sender<RowState>,
     cancel: CancellationToken,
-    poke: Arc<Notify>,
-    granted: Arc<AtomicBool>,
+    granted_at_ms: Arc<AtomicI64>,
     failures: Arc<AtomicU64>,
 }
 
@@ -316,7 +317,6 @@ impl Heartbeat {
                 _ = self.cancel.cancelled() => return,
                 _ = sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
                 _ = sleep_until(next) => {}
-                _ = self.poke.notified() => {}
             }
             let sent = self.clock.now();
             let wall = self.clock.wall_ms();
@@ -339,7 +339,7 @@ impl Heartbeat {
                 Duration::from_millis(u64::try_from(wanted - wall).unwrap_or(0)).min(opts.lease)
             };
             let rvn = crate::locker::new_id(&*self.clock);
-            let granted = self.granted.load(Ordering::Acquire);
+            let granted_at_ms = self.granted_at_ms.load(Ordering::Acquire);
             let beat = Beat {
                 key: self.key.to_string(),
                 ticket: self.ticket,
@@ -347,7 +347,7 @@ impl Heartbeat {
                 lease_until_ms,
                 expires_at: opts.expires_at(lease_until_ms),
                 rvn,
-                acquired_at_ms: granted.then_some(wall),
+                acquired_at_ms: (granted_at_ms > 0).then_some(granted_at_ms),
             };
             let result = tokio::select! {
                 biased;

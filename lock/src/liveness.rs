@@ -122,44 +122,158 @@ impl Observer {
     }
 }
 
+/// `d` spread by ±10 % (`jitter` in `[0, 1)`), so waiters that started together drift apart.
+pub fn jittered(d: Duration, jitter: f64) -> Duration {
+    d.mul_f64(0.9 + 0.2 * jitter.clamp(0.0, 1.0))
+}
+
+/// When a waiter looks below its row next: by its place in the queue and the pace at which the
+/// queue moves, so it looks about when the answer can have changed, not at a fixed rate.
+///
+/// - A *turn* is how long one place in the queue takes: a hold plus its handoff. It starts from
+///   what this process learnt of the key before (or the poll interval), weighted as two places,
+///   and is learnt from the wait itself: the places gained since its first look over the time
+///   they took (each gain dated half way between the look that found it and the one before).
+///   Over the whole wait, not look by look: a waiter that looks often sees one place go by
+///   between two close looks, which says little about how long a place takes.
+/// - A waiter `k` places back (`k >= 2`) looks again after `0.9 (k - 1)` holds: the queue
+///   cannot move `k - 1` places faster, so it is never late to take its place as next in line.
+///   Late would cost the whole queue (the waiter behind it would wait on a row nobody knows is
+///   granted); early costs a read. The waits of a queue of `n` cost about `ln n` looks each
+///   instead of one per poll.
+/// - The waiter next in line (`k = 1`) reckons when the holder ahead of it was granted: between
+///   the look that still saw an earlier row there and the look that saw this one (or, at first
+///   sight, within a hold before now). The holder is due a hold later; the hold is this
+///   process's own usual hold of the key (the same function holds it everywhere), or three
+///   quarters of a turn. It looks first when the holder may be done at the earliest, then at a
+///   quarter of the distance to (or past) the moment it is due, never less often than every
+///   `base` nor more often than every [`MIN_POLL`]: a critical section of the usual length is
+///   handed over within a few milliseconds, a long one costs a few reads, then one per `base`
+///   while it runs over. It aims at the hold, not the turn: a turn includes the handoff, and a
+///   waiter that came late would learn a longer turn from its own lateness and come later still.
+/// - While the queue stands still the pause grows with how long it has stood (a quarter of
+///   it), up to `max`, so a hold far longer than usual costs a logarithm of it, then one look
+///   per `max`.
+///
+/// A release by this same process wakes its next waiter at once whatever the pause
+/// ([`crate::memory`]); the pace matters for waiters in other processes.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    turn: Duration,
+    /// What the process knew before this wait.
+    prior: Duration,
+    /// The first look of this wait: when, how many rows were ahead.
+    start: Option<(Instant, usize)>,
+    hold: Option<Duration>,
+    base: Duration,
+    max: Duration,
+    /// The previous look: when, how many rows were ahead, the nearest live one's ticket.
+    last: Option<(Instant, usize, u64)>,
+    /// When the queue last moved (or the wait began).
+    moved: Option<Instant>,
+    /// Next in line: the holder's ticket, and the earliest and latest it can have been granted.
+    holder: Option<(u64, Instant, Instant)>,
+}
+
 /// The shortest pause between two looks of a waiter.
 pub const MIN_POLL: Duration = Duration::from_millis(5);
 
-/// How long a waiter sleeps before looking again, by its place and the key's usual hold time.
-///
-/// - `ahead` is how many live rows are ahead of it (1: it is next). Each look reads only the rows
-///   just below its own (one read unit), so this is exact for a short queue and a lower bound for
-///   a long one.
-/// - `hold` is how long this process usually holds the key (`None` until it has held it once).
-/// - The waiter that is next looks every `base`, or every half a usual hold if holds are shorter
-///   (never faster than [`MIN_POLL`]): a short critical section is handed over in about half its
-///   length, a long one costs one read per `base`.
-/// - A waiter further back expects `ahead - 1` holds to pass first and looks again after half of
-///   that, doubling while the queue stands still, up to `max`: the requests on a key grow with the
-///   logarithm of the queue, not with its length, until `max` caps the interval.
-///
-/// `jitter` in `[0, 1)` spreads waiters apart by ±25 %.
-pub fn poll_interval(
-    ahead: usize,
-    hold: Option<Duration>,
-    still_polls: u32,
-    base: Duration,
-    max: Duration,
-    jitter: f64,
-) -> Duration {
-    let quick = hold.map_or(base, |h| (h / 2).clamp(MIN_POLL.min(base), base));
-    let nominal = if ahead <= 1 {
-        quick
-    } else {
-        let behind = u32::try_from(ahead - 1).unwrap_or(u32::MAX);
-        let expect = hold.unwrap_or(base).saturating_mul(behind) / 2;
-        expect
-            .max(quick)
-            .saturating_mul(1 << still_polls.min(4))
-            .min(max)
-            .max(quick)
-    };
-    nominal.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
+impl Pace {
+    /// A pace for one wait. `turn`: what the process learnt of the key before (`None`: the
+    /// poll interval `base`); `hold`: its usual hold of the key, if it has held it; `max`
+    /// caps every pause.
+    pub fn new(
+        turn: Option<Duration>,
+        hold: Option<Duration>,
+        base: Duration,
+        max: Duration,
+    ) -> Pace {
+        let max = max.max(MIN_POLL);
+        let turn = turn.unwrap_or(base).clamp(MIN_POLL, max);
+        Pace {
+            turn,
+            prior: turn,
+            start: None,
+            hold,
+            base: base.clamp(MIN_POLL, max),
+            max,
+            last: None,
+            moved: None,
+            holder: None,
+        }
+    }
+
+    /// The turn learnt so far (to remember for the key's next wait).
+    pub fn turn(&self) -> Duration {
+        self.turn
+    }
+
+    /// Records a look at `now` that found `ahead` rows ahead of ours, the nearest live one being
+    /// `nearest`; returns how long to sleep before the next look. `jitter` in `[0, 1)`.
+    pub fn after_look(
+        &mut self,
+        now: Instant,
+        ahead: usize,
+        nearest: u64,
+        jitter: f64,
+    ) -> Duration {
+        let ahead = ahead.max(1);
+        // The baseline: the first look, or a later one that found more ahead than it (the first
+        // count was low: others were still queueing in front, or it was a lower bound).
+        let (started, first_ahead) = match self.start {
+            Some((at, n)) if n >= ahead => (at, n),
+            _ => *self.start.insert((now, ahead)),
+        };
+        let moved = match self.last {
+            None => true,
+            Some((at, before, was)) => {
+                if ahead < before && ahead < first_ahead {
+                    let gained = u32::try_from(first_ahead - ahead).unwrap_or(u32::MAX);
+                    let when = at + now.saturating_duration_since(at) / 2;
+                    let took = when.saturating_duration_since(started);
+                    self.turn = ((self.prior * 2 + took) / (gained.saturating_add(2)))
+                        .clamp(MIN_POLL, self.max);
+                }
+                ahead < before || was != nearest
+            }
+        };
+        if moved {
+            self.moved = Some(now);
+        }
+        let still = now.saturating_duration_since(self.moved.unwrap_or(now));
+        let hold = self.hold.unwrap_or(self.turn * 3 / 4).min(self.turn);
+        let pause = if ahead == 1 {
+            let (earliest, latest) = match self.holder {
+                Some((ticket, earliest, latest)) if ticket == nearest => (earliest, latest),
+                _ => {
+                    let range = match self.last {
+                        // Granted between the look that saw another row next and this one.
+                        Some((before, _, was)) if was != nearest => (before, now),
+                        // First sight: within a hold before now.
+                        _ => (now.checked_sub(hold).unwrap_or(now), now),
+                    };
+                    self.holder = Some((nearest, range.0, range.1));
+                    range
+                }
+            };
+            let first = earliest + hold;
+            let due = earliest + (latest - earliest) / 2 + hold;
+            let pause = if first > now {
+                first - now
+            } else if due > now {
+                (due - now) / 4
+            } else {
+                (now - due) / 4
+            };
+            pause.min(self.base)
+        } else {
+            // The queue cannot move k - 1 places in less than k - 1 holds.
+            let places = (ahead - 1) as f64;
+            hold.mul_f64(0.9 * places).max(still / 4)
+        };
+        self.last = Some((now, ahead, nearest));
+        jittered(pause.clamp(MIN_POLL, self.max), jitter)
+    }
 }
 
 /// Exponential backoff with full jitter for retries after throttling, transaction conflicts
@@ -278,50 +392,121 @@ mod tests {
         assert!(!o.seen_alive("b"));
     }
 
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
     #[test]
-    fn pacing_follows_the_place_and_the_hold_time() {
-        let base = Duration::from_millis(100);
+    fn a_waiter_further_back_looks_when_the_queue_can_have_moved() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(Some(MS(20)), Some(MS(16)), MS(100), Duration::from_secs(2));
+        // 7 ahead: 6 places cannot go by in less than 6 holds; 90 % of that.
+        assert_eq!(p.after_look(t0, 7, 70, 0.5), Duration::from_micros(86_400));
+        // 5 places gained by half way between the looks (55 ms): the turn is learnt, the prior
+        // counting as two places: (40 + 55) / 7 ms. Below the hold, it bounds the hold.
+        assert_eq!(
+            p.after_look(t0 + MS(110), 2, 75, 0.5),
+            p.turn().mul_f64(0.9)
+        );
+        assert_eq!(p.turn(), Duration::from_nanos(95_000_000 / 7));
+    }
+
+    #[test]
+    fn the_next_waiter_looks_when_the_holder_may_be_done() {
+        let t0 = Instant::now();
+        // Usual hold 16 ms. First sight: granted within the last 16 ms, so it may be done now
+        // and is due in 8 ms: a quarter of that (at least MIN_POLL).
+        let mut p = Pace::new(Some(MS(20)), Some(MS(16)), MS(100), Duration::from_secs(2));
+        assert_eq!(p.after_look(t0, 1, 9, 0.5), MIN_POLL);
+        // Past due by 2 ms: a quarter of that, at least MIN_POLL.
+        assert_eq!(p.after_look(t0 + MS(10), 1, 9, 0.5), MIN_POLL);
+        // A long overrun: a quarter of it, at most the base poll.
+        assert_eq!(p.after_look(t0 + MS(208), 1, 9, 0.5), MS(50));
+        assert_eq!(p.after_look(t0 + MS(1008), 1, 9, 0.5), MS(100));
+        // A holder seen arriving between two looks 8 ms apart: granted in that span, so done
+        // a hold after the span's start at the earliest.
+        let mut p = Pace::new(Some(MS(40)), Some(MS(16)), MS(100), Duration::from_secs(2));
+        p.after_look(t0, 2, 40, 0.5);
+        assert_eq!(p.after_look(t0 + MS(8), 1, 41, 0.5), MS(8));
+        // Then a quarter of the way to the middle of the span plus a hold (t0 + 20 ms).
+        assert_eq!(p.after_look(t0 + MS(16), 1, 41, 0.5), MIN_POLL);
+        assert_eq!(p.after_look(t0 + MS(60), 1, 41, 0.5), MS(10));
+    }
+
+    #[test]
+    fn without_a_hold_of_its_own_it_takes_three_quarters_of_a_turn() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(Some(MS(80)), None, MS(100), Duration::from_secs(2));
+        p.after_look(t0, 2, 40, 0.5);
+        let pause = p.after_look(t0 + MS(30), 1, 41, 0.5);
+        // The turn learnt: (160 + 15) / 3 ms; the next holder is done three quarters of it
+        // after the earlier look at the earliest.
+        assert_eq!(p.turn(), Duration::from_nanos(175_000_000 / 3));
+        assert_eq!(pause, p.turn() * 3 / 4 - MS(30));
+    }
+
+    #[test]
+    fn a_queue_that_stands_still_is_looked_at_less_and_less() {
+        let t0 = Instant::now();
         let max = Duration::from_secs(2);
-        let ms = Duration::from_millis;
-        // Next in line: base, or half a short hold (never under MIN_POLL).
-        assert_eq!(poll_interval(1, None, 9, base, max, 0.5), base);
-        assert_eq!(poll_interval(1, Some(ms(20)), 0, base, max, 0.5), ms(10));
-        assert_eq!(poll_interval(1, Some(ms(4)), 0, base, max, 0.5), MIN_POLL);
-        assert_eq!(poll_interval(1, Some(ms(10_000)), 0, base, max, 0.5), base);
-        // Further back: half the expected wait, at least the quick interval, at most max.
-        assert_eq!(poll_interval(3, Some(ms(20)), 0, base, max, 0.5), ms(20));
-        assert_eq!(poll_interval(5, Some(ms(400)), 0, base, max, 0.5), ms(800));
-        assert_eq!(poll_interval(50, Some(ms(400)), 0, base, max, 0.5), max);
-        // Unknown hold: the base per place; doubling while nothing moves.
-        assert_eq!(poll_interval(3, None, 0, base, max, 0.5), base);
-        assert_eq!(poll_interval(3, None, 2, base, max, 0.5), base * 4);
-        assert_eq!(poll_interval(3, None, 30, base, max, 0.5), base * 16);
-        // Jitter: ±25 %.
-        assert_eq!(poll_interval(1, None, 0, base, max, 0.0), ms(75));
-        assert_eq!(poll_interval(1, None, 0, base, max, 1.0), ms(125));
+        let mut p = Pace::new(Some(MS(20)), Some(MS(20)), MS(100), max);
+        p.after_look(t0, 3, 5, 0.5);
+        assert_eq!(p.after_look(t0 + MS(400), 3, 5, 0.5), MS(100));
+        assert_eq!(p.after_look(t0 + Duration::from_secs(60), 3, 5, 0.5), max);
+        // It moves: back to pacing by the hold.
+        assert_eq!(
+            p.after_look(t0 + Duration::from_secs(61), 2, 6, 0.5),
+            MS(18)
+        );
+    }
+
+    #[test]
+    fn a_count_found_low_restarts_the_baseline() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(Some(MS(20)), Some(MS(20)), MS(100), Duration::from_secs(2));
+        p.after_look(t0, 3, 5, 0.5);
+        // More ahead than first counted (others were still queueing in front): no turn is
+        // learnt from it, and the places gained later count from here.
+        p.after_look(t0 + MS(100), 40, 1, 0.5);
+        assert_eq!(p.turn(), MS(20));
+        p.after_look(t0 + MS(900), 30, 11, 0.5);
+        // 10 places by t0 + 500 ms, 400 ms after the new baseline: (40 + 400) / 12 ms.
+        assert_eq!(p.turn(), Duration::from_nanos(440_000_000 / 12));
+    }
+
+    #[test]
+    fn jitter_spreads_by_ten_percent() {
+        let p = Pace::new(
+            Some(MS(100)),
+            Some(MS(100)),
+            MS(100),
+            Duration::from_secs(2),
+        );
+        let t0 = Instant::now();
+        assert_eq!(p.clone().after_look(t0, 3, 1, 0.0), MS(162));
+        assert_eq!(p.clone().after_look(t0, 3, 1, 1.0), MS(198));
     }
 
     #[test]
     fn requests_on_a_key_grow_slowly_with_the_queue() {
-        // Sum of look rates of n waiters with 1 s holds: about (2/hold)·ln(n) looks per second
-        // until max caps the far ones; never n/base.
+        // Looks per second of n waiters with 100 ms holds: about (c + 1.1 ln n) per hold
+        // (until `max`, here an hour, caps the far ones); never n/base.
         let rate = |n: usize| -> f64 {
             (1..=n)
                 .map(|k| {
-                    1.0 / poll_interval(
-                        k,
-                        Some(Duration::from_secs(1)),
-                        0,
-                        Duration::from_millis(100),
-                        Duration::from_secs(30),
-                        0.5,
-                    )
-                    .as_secs_f64()
+                    let mut p = Pace::new(
+                        Some(MS(100)),
+                        Some(MS(100)),
+                        MS(100),
+                        Duration::from_secs(3600),
+                    );
+                    1.0 / p.after_look(Instant::now(), k, 1, 0.5).as_secs_f64()
                 })
                 .sum()
         };
-        assert!(rate(100) < 25.0, "{}", rate(100));
-        assert!(rate(1000) < 60.0, "{}", rate(1000));
+        // Looks per hold: under 15 for 100 waiters (8 of them by the next waiter, which looks
+        // densely around its holder's due time), and ten times the waiters adds 1.1 ln 10.
+        let (r100, r1000) = (rate(100) * 0.1, rate(1000) * 0.1);
+        assert!(r100 < 15.0, "{r100}");
+        assert!(r1000 < r100 + 3.0, "{r1000} vs {r100}");
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, HeldBy};
 use crate::guard::LockGuard;
 use crate::heartbeat::{delete_with_retry, millis, Membership, RowState, Timing, Written};
-use crate::liveness::{backoff, poll_interval, Observer, Verdict};
+use crate::liveness::{backoff, jittered, Observer, Pace, Verdict};
 use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions, Wait};
 use crate::queue::QueueEntry;
@@ -186,6 +186,7 @@ impl Locker {
             started,
             deadline: opts.wait.as_duration().map(|d| started + d),
             max_seen: 0,
+            surveyed: None,
         };
         let mut requeued = false;
         loop {
@@ -219,6 +220,7 @@ impl Locker {
                 membership,
                 waited,
                 self.clock.now(),
+                !clear,
                 self.memory.clone(),
             ));
         }
@@ -306,6 +308,9 @@ struct Attempt<'a> {
     /// The highest ticket seen on the key (counter or row) during this call. Every ticket we
     /// take is above it.
     max_seen: u64,
+    /// The lowest ticket the enqueue's read found: the wait starts from it (our ticket minus
+    /// it rows ahead at most) instead of looking again at once.
+    surveyed: Option<u64>,
 }
 
 /// Where the expected counter value came from.
@@ -576,6 +581,7 @@ impl Attempt<'_> {
             tickets: Vec::new(),
         };
         // (counter as read, where it came from, the queue was clear)
+        self.surveyed = None;
         let hint = self.locker.memory.hint(self.key);
         let mut expected = hint.as_ref().map(|h| {
             let counter = Counter {
@@ -609,8 +615,7 @@ impl Attempt<'_> {
                         if self.now() >= self.started + row_lease * 2 + opts.max_poll {
                             return Err(self.busy(live.as_ref()));
                         }
-                        let pause =
-                            poll_interval(1, None, 0, opts.poll, opts.max_poll, clock.jitter());
+                        let pause = jittered(opts.poll, clock.jitter());
                         tokio::time::sleep(pause).await;
                         continue;
                     }
@@ -622,6 +627,7 @@ impl Attempt<'_> {
                     };
                     // The counter condition proves nobody queued since this read: with no live
                     // row in it, the key is ours as soon as our row is in.
+                    self.surveyed = snap.rows.first().map(|r| r.ticket);
                     let e = (counter, Source::Read, live.is_none());
                     expected = Some(e.clone());
                     e
@@ -656,6 +662,7 @@ impl Attempt<'_> {
                         sent: p.first_sent,
                         valid_for,
                         lease_until_ms: p.lease_until_ms,
+                        wall_ms: p.wall,
                     };
                     // No await from here on: the row passes from `in_flight` to the membership,
                     // which removes it if dropped.
@@ -722,7 +729,19 @@ impl Attempt<'_> {
     /// Looks below our row: one `Query` of the rows at or below our ticket, nearest first (one
     /// read unit whatever the queue's length), going further only past stale rows, which it
     /// removes. Says whether our row is still there, and who is ahead.
-    async fn look(&mut self, m: &Membership) -> Result<Look, Error> {
+    ///
+    /// A waiter that was more than a page back (`deep`) first reads only the lowest row, the
+    /// holder (one read unit): while it is still more than a page back it learns how far from
+    /// the tickets (an upper bound: gaps count as rows) and goes no further. A page of the rows
+    /// just below it could not tell it: they do not change until they are granted. A stale
+    /// lowest row is passed over as in any look, so a queue whose head died moves even when
+    /// every live waiter is far back.
+    async fn look(&mut self, m: &Membership, deep: bool) -> Result<Look, Error> {
+        if deep {
+            if let Some(far) = self.far_back(m).await? {
+                return Ok(far);
+            }
+        }
         let give_up = self.retry_budget();
         let mut start = None;
         let mut first = true;
@@ -768,18 +787,56 @@ impl Attempt<'_> {
         }
     }
 
+    /// The look of a waiter that was more than a page back: the lowest row only. `None`: it is
+    /// within a page of the head now (or the head is ours), and the full look follows.
+    async fn far_back(&mut self, m: &Membership) -> Result<Option<Look>, Error> {
+        let give_up = self.retry_budget();
+        loop {
+            let mut failures = 0;
+            let lowest = loop {
+                match self.locker.store.read_lowest(self.key).await {
+                    Ok(item) => break item,
+                    Err(f) => {
+                        failures += 1;
+                        retry_pause(f, failures, give_up, &*self.locker.clock).await?;
+                    }
+                }
+            };
+            let Some(item) = lowest else { return Ok(None) };
+            let row = QueueRow::from_item(self.key, &item)?;
+            if row.ticket >= m.ticket {
+                return Ok(None);
+            }
+            if !self.alive(&row).await? {
+                continue; // passed over: read where the queue starts now
+            }
+            let ahead = usize::try_from(m.ticket - row.ticket).unwrap_or(usize::MAX);
+            if ahead <= LOOK_LIMIT as usize {
+                return Ok(None);
+            }
+            return Ok(Some(Look::Behind { row, ahead }));
+        }
+    }
+
     /// Waits until no live row is ahead of ours. `None`: our row was removed meanwhile (we were
     /// judged dead) and we must queue again.
     ///
-    /// Each look costs one read unit (see [`Attempt::look`]); how often it looks follows its
-    /// place and the key's usual hold time ([`poll_interval`]); a release by this same process
-    /// wakes it at once.
+    /// Each look costs one read unit (see [`Attempt::look`]); when it looks next follows its
+    /// place and how fast the queue moves ([`Pace`]); a release by this same process wakes it at
+    /// once. The enqueue's read counts as the first look.
     async fn wait_turn(&mut self, m: Membership) -> Result<Option<Membership>, Error> {
         let mut lost = m.subscribe();
         let ticket = m.ticket;
         let wake = self.locker.memory.waiting(self.key, ticket);
-        let result = self.wait_turn_inner(m, &mut lost, &wake).await;
+        let mut pace = Pace::new(
+            self.locker.memory.turn(self.key),
+            self.locker.memory.hold(self.key),
+            self.opts.poll,
+            self.opts.max_poll,
+        );
+        let result = self.wait_turn_inner(m, &mut lost, &wake, &mut pace).await;
         self.locker.memory.done_waiting(self.key, ticket);
+        self.locker.memory.learnt_turn(self.key, pace.turn());
         result
     }
 
@@ -788,9 +845,17 @@ impl Attempt<'_> {
         m: Membership,
         lost: &mut tokio::sync::watch::Receiver<RowState>,
         wake: &tokio::sync::Notify,
+        pace: &mut Pace,
     ) -> Result<Option<Membership>, Error> {
-        let mut last_ahead = usize::MAX;
-        let mut still_polls = 0;
+        let mut seen = self
+            .surveyed
+            .take()
+            .filter(|&t| t < m.ticket)
+            .map(|lowest| {
+                let ahead = usize::try_from(m.ticket - lowest).unwrap_or(usize::MAX);
+                (ahead, lowest)
+            });
+        let mut deep = false;
         loop {
             if let RowState::Lost(reason) = m.state() {
                 tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lost our place in the queue; queueing again");
@@ -801,56 +866,46 @@ impl Attempt<'_> {
             let woken = wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let look = match self.look(&m).await {
-                Ok(l) => l,
-                Err(e) => {
-                    drop(m.leave().await);
-                    return Err(e);
-                }
-            };
-            let (head, ahead) = match look {
-                Look::Removed => {
-                    tracing::warn!(
-                        key = self.key,
-                        ticket = m.ticket,
-                        "our queue row was removed while waiting; queueing again"
-                    );
-                    drop(m.leave().await);
-                    return Ok(None);
-                }
-                Look::Clear => {
-                    if let RowState::Lost(reason) = m.state() {
-                        // Our own lease ran out while we looked: we may already have been passed
-                        // over.
-                        tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lease ran out just before the grant; queueing again");
+            let (ahead, nearest) = match seen.take() {
+                Some(s) => s,
+                None => match self.look(&m, deep).await {
+                    Err(e) => {
+                        drop(m.leave().await);
+                        return Err(e);
+                    }
+                    Ok(Look::Removed) => {
+                        tracing::warn!(
+                            key = self.key,
+                            ticket = m.ticket,
+                            "our queue row was removed while waiting; queueing again"
+                        );
                         drop(m.leave().await);
                         return Ok(None);
                     }
-                    m.mark_granted();
-                    return Ok(Some(m));
-                }
-                Look::Behind { row, ahead } => (row, ahead),
+                    Ok(Look::Clear) => {
+                        if let RowState::Lost(reason) = m.state() {
+                            // Our own lease ran out while we looked: we may already have been
+                            // passed over.
+                            tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lease ran out just before the grant; queueing again");
+                            drop(m.leave().await);
+                            return Ok(None);
+                        }
+                        m.mark_granted(self.locker.clock.wall_ms());
+                        return Ok(Some(m));
+                    }
+                    Ok(Look::Behind { row, ahead }) => {
+                        if self.timed_out() {
+                            if let Err(e) = m.leave().await {
+                                tracing::warn!(key = self.key, error = %e, "could not remove our row after giving up; it goes stale after one lease");
+                            }
+                            return Err(self.busy(Some(&row)));
+                        }
+                        (ahead, row.ticket)
+                    }
+                },
             };
-            if self.timed_out() {
-                if let Err(e) = m.leave().await {
-                    tracing::warn!(key = self.key, error = %e, "could not remove our row after giving up; it goes stale after one lease");
-                }
-                return Err(self.busy(Some(&head)));
-            }
-            still_polls = if ahead < last_ahead {
-                0
-            } else {
-                still_polls + 1
-            };
-            last_ahead = ahead;
-            let mut pause = poll_interval(
-                ahead,
-                self.locker.memory.hold(self.key),
-                still_polls,
-                self.opts.poll,
-                self.opts.max_poll,
-                self.locker.clock.jitter(),
-            );
+            deep = ahead >= LOOK_LIMIT as usize;
+            let mut pause = pace.after_look(self.now(), ahead, nearest, self.locker.clock.jitter());
             if let Some(d) = self.deadline {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }
@@ -865,8 +920,10 @@ impl Attempt<'_> {
 }
 
 /// Rows read per look: ours and up to seven ahead, one read unit (rows are a few hundred bytes).
-/// The place is exact up to seven ahead and a lower bound beyond.
-const LOOK_LIMIT: u32 = 8;
+/// The place is exact up to seven ahead and a lower bound beyond. The simulation's queues are
+/// short (up to six participants), so there a page is three rows: its schedules then go through
+/// full pages and the far-back look too.
+const LOOK_LIMIT: u32 = if cfg!(test) { 3 } else { 8 };
 
 /// What one look below our row found.
 enum Look {

@@ -29,6 +29,8 @@ pub(crate) struct Hint {
 pub(crate) struct Memory {
     hints: Mutex<HashMap<String, Hint>>,
     holds: Mutex<HashMap<String, Duration>>,
+    /// Per key, the last turn our waiters learnt ([`crate::liveness::Pace`]).
+    turns: Mutex<HashMap<String, Duration>>,
     /// Per key, our waiters by ticket.
     waiting: Mutex<HashMap<String, BTreeMap<u64, Arc<Notify>>>>,
 }
@@ -73,6 +75,20 @@ impl Memory {
             None => held,
         };
         bounded_insert(&mut holds, key, average);
+    }
+
+    /// How long one place in the key's queue took when our waiters last watched it, or failing
+    /// that our usual hold: where the next wait's pace starts.
+    pub(crate) fn turn(&self, key: &str) -> Option<Duration> {
+        let learnt = self.turns.lock().ok()?.get(key).copied();
+        learnt.or_else(|| self.hold(key))
+    }
+
+    /// Records the turn a wait ended with.
+    pub(crate) fn learnt_turn(&self, key: &str, turn: Duration) {
+        if let Ok(mut turns) = self.turns.lock() {
+            bounded_insert(&mut turns, key, turn);
+        }
     }
 
     /// The notifier our waiter with `ticket` on `key` listens to.
@@ -135,9 +151,11 @@ mod tests {
                 }),
             );
             m.held(&format!("k{i}"), Duration::from_millis(5));
+            m.learnt_turn(&format!("k{i}"), Duration::from_millis(7));
         }
         assert!(m.hints.lock().unwrap().len() <= MAX_KEYS);
         assert!(m.holds.lock().unwrap().len() <= MAX_KEYS);
+        assert!(m.turns.lock().unwrap().len() <= MAX_KEYS);
         m.remember("k1", None);
         assert!(m.hint("k1").is_none());
     }

@@ -109,6 +109,9 @@ pub(crate) enum Range {
         /// `Limit`.
         limit: u32,
     },
+    /// The lowest queue row only (ascending, `Limit 1`): where the queue starts. A waiter far
+    /// back reads it to learn how far back it is (its ticket minus this one) for one read unit.
+    Lowest,
 }
 
 /// `TransactWriteItems` of two items: the key's counter moves from `counter` to `ticket`, and our
@@ -344,6 +347,19 @@ impl Store {
             }
         }
         Snapshot::from_items(key, &items).map_err(Failure::Fatal)
+    }
+
+    /// The lowest queue row of `key`, if any.
+    pub(crate) async fn read_lowest(&self, key: &str) -> Result<Option<Item>, Failure> {
+        let request = Request::Query {
+            key: key.to_owned(),
+            start: None,
+            range: Range::Lowest,
+        };
+        match self.call(request).await? {
+            Response::Page { items, .. } => Ok(items.into_iter().next()),
+            other => Err(Self::wrong("Query", other)),
+        }
     }
 
     /// One page of the rows at or below `ticket`, nearest first, and where the next page starts.

@@ -100,6 +100,12 @@ impl Dynamo {
                 .expression_attribute_values(":hi", s(&schema::queue_sk(ticket)))
                 .scan_index_forward(false)
                 .limit(i32::try_from(limit).unwrap_or(i32::MAX)),
+            Range::Lowest => query
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
+                .expression_attribute_names("#sk", schema::SK)
+                .expression_attribute_values(":lo", s(&schema::queue_sk(0)))
+                .expression_attribute_values(":hi", s(&schema::queue_sk(u64::MAX)))
+                .limit(1),
         };
         let out = query.send().await.map_err(|e| self.classify("Query", e))?;
         Ok(Response::Page {

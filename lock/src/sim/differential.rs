@@ -124,13 +124,13 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
         _ => Request::Query {
             key,
             start: None,
-            range: if rng.random_bool(0.5) {
-                crate::storage::Range::All
-            } else {
-                crate::storage::Range::Below {
+            range: match rng.random_range(0..5) {
+                0 | 1 => crate::storage::Range::All,
+                2 | 3 => crate::storage::Range::Below {
                     ticket,
                     limit: rng.random_range(1..=3),
-                }
+                },
+                _ => crate::storage::Range::Lowest,
             },
         },
     }

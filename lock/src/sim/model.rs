@@ -219,6 +219,7 @@ impl Table {
                 crate::storage::Range::Below { ticket, limit } => {
                     self.query_below(key, start.as_ref(), *ticket, *limit)
                 }
+                crate::storage::Range::Lowest => self.query_lowest(key),
             }),
             Request::Enqueue(r) => self.enqueue(r, now),
             Request::DeleteStale { key, ticket, rvn } => {
@@ -340,6 +341,26 @@ impl Table {
             }),
             _ => None,
         };
+        Response::Page { items, next }
+    }
+
+    /// The lowest queue row, as an ascending `Limit 1` page: with a row, the page names it as
+    /// where the next page would start (DynamoDB does so whenever the limit is reached).
+    fn query_lowest(&self, key: &str) -> Response {
+        let lo = schema::queue_sk(0);
+        let hi = schema::queue_sk(u64::MAX);
+        let items: Vec<Item> = self
+            .items
+            .range((key.to_owned(), lo)..=(key.to_owned(), hi))
+            .take(1)
+            .map(|(_, s)| s.item.clone())
+            .collect();
+        let next = items.last().and_then(pk_sk).map(|(pk, sk)| {
+            HashMap::from([
+                (PK.to_owned(), AttributeValue::S(pk)),
+                (SK.to_owned(), AttributeValue::S(sk)),
+            ])
+        });
         Response::Page { items, next }
     }
 

@@ -256,6 +256,7 @@ pub(crate) fn describe(r: &Request) -> String {
                 crate::storage::Range::Below { ticket, limit } => {
                     format!(" <= t{ticket} desc limit {limit}")
                 }
+                crate::storage::Range::Lowest => " lowest".to_owned(),
             },
             if start.is_some() { ", next page" } else { "" }
         ),
