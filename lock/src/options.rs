@@ -84,9 +84,10 @@ pub struct LockOptions {
     pub lease: Duration,
     /// Heartbeat interval. Default: a third of the lease. Must be at most half the lease.
     pub heartbeat: Option<Duration>,
-    /// Poll interval of the waiter next in line, and of any waiter while the queue moves.
-    /// Default 100 ms. A waiter further back whose place has not changed backs off (see
-    /// [`crate::liveness::poll_interval`]), up to `max_poll`; all with ±25 % jitter.
+    /// The longest pause between two looks of the waiter next in line, and the first guess at
+    /// how long a place in the queue takes before the process has seen one go by. Default
+    /// 100 ms. Waiters look by their place and the key's pace ([`crate::liveness::Pace`]):
+    /// further back less often, up to `max_poll`; all with ±10 % jitter.
     pub poll: Duration,
     /// Longest poll interval. Default 2 s.
     pub max_poll: Duration,
