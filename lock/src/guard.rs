@@ -46,6 +46,7 @@ impl LockGuard {
         contended: bool,
         memory: Arc<Memory>,
     ) -> Self {
+        memory.holding(&membership.key, membership.ticket);
         LockGuard {
             membership: Some(membership),
             waited,
@@ -121,6 +122,7 @@ impl LockGuard {
             owner: m.owner.to_string(),
         };
         let held = tokio::time::Instant::now().saturating_duration_since(self.granted_at);
+        let hint_ticket = m.ticket;
         let result = m.leave().await;
         // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
         // were granted and cannot reappear, so if the counter still stands at `ticket` the queue
@@ -131,7 +133,7 @@ impl LockGuard {
         self.memory.remember(&key, hint);
         self.memory.held(&key, held);
         // Waiters of this process look at once instead of at their next poll.
-        self.memory.released(&key);
+        self.memory.let_go(&key, hint_ticket);
         match result? {
             Owned::Yes => Ok(ReleaseOutcome::Released),
             Owned::No => Ok(ReleaseOutcome::Lost),
@@ -143,6 +145,9 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(m) = &self.membership {
             self.memory.remember(&m.key, None);
+            // Our waiters look at once: they find the row until its delete lands, and then
+            // wait on it as on anyone else's.
+            self.memory.let_go(&m.key, m.ticket);
         }
         // Dropping the membership stops the heartbeat and deletes the row in the background.
     }

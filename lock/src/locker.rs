@@ -308,9 +308,10 @@ struct Attempt<'a> {
     /// The highest ticket seen on the key (counter or row) during this call. Every ticket we
     /// take is above it.
     max_seen: u64,
-    /// The lowest ticket the enqueue's read found: the wait starts from it (our ticket minus
-    /// it rows ahead at most) instead of looking again at once.
-    surveyed: Option<u64>,
+    /// The lowest and highest tickets the enqueue's read found: the wait starts from them (our
+    /// ticket minus the lowest rows ahead at most; the highest right ahead of ours if it is the
+    /// ticket below) instead of looking again at once.
+    surveyed: Option<(u64, u64)>,
 }
 
 /// Where the expected counter value came from.
@@ -627,7 +628,11 @@ impl Attempt<'_> {
                     };
                     // The counter condition proves nobody queued since this read: with no live
                     // row in it, the key is ours as soon as our row is in.
-                    self.surveyed = snap.rows.first().map(|r| r.ticket);
+                    self.surveyed = snap
+                        .rows
+                        .first()
+                        .zip(snap.rows.last())
+                        .map(|(first, last)| (first.ticket, last.ticket));
                     let e = (counter, Source::Read, live.is_none());
                     expected = Some(e.clone());
                     e
@@ -774,7 +779,11 @@ impl Attempt<'_> {
                     // Rows read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more.
                     let ahead = items.len() - i + usize::from(next.is_some());
-                    return Ok(Look::Behind { row, ahead });
+                    return Ok(Look::Behind {
+                        row: Box::new(row),
+                        ahead,
+                        adjacent: true,
+                    });
                 }
             }
             if first {
@@ -814,7 +823,11 @@ impl Attempt<'_> {
             if ahead <= LOOK_LIMIT as usize {
                 return Ok(None);
             }
-            return Ok(Some(Look::Behind { row, ahead }));
+            return Ok(Some(Look::Behind {
+                row: Box::new(row),
+                ahead,
+                adjacent: false,
+            }));
         }
     }
 
@@ -835,7 +848,8 @@ impl Attempt<'_> {
             self.opts.max_poll,
         );
         let result = self.wait_turn_inner(m, &mut lost, &wake, &mut pace).await;
-        self.locker.memory.done_waiting(self.key, ticket);
+        let granted = matches!(result, Ok(Some(_)));
+        self.locker.memory.done_waiting(self.key, ticket, granted);
         self.locker.memory.learnt_turn(self.key, pace.turn());
         result
     }
@@ -847,13 +861,14 @@ impl Attempt<'_> {
         wake: &tokio::sync::Notify,
         pace: &mut Pace,
     ) -> Result<Option<Membership>, Error> {
+        // (rows ahead, the nearest one's ticket, whether that row is right ahead of ours)
         let mut seen = self
             .surveyed
             .take()
-            .filter(|&t| t < m.ticket)
-            .map(|lowest| {
+            .filter(|&(_, highest)| highest < m.ticket)
+            .map(|(lowest, highest)| {
                 let ahead = usize::try_from(m.ticket - lowest).unwrap_or(usize::MAX);
-                (ahead, lowest)
+                (ahead, highest, highest + 1 == m.ticket)
             });
         let mut deep = false;
         loop {
@@ -866,7 +881,7 @@ impl Attempt<'_> {
             let woken = wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let (ahead, nearest) = match seen.take() {
+            let (ahead, nearest, adjacent) = match seen.take() {
                 Some(s) => s,
                 None => match self.look(&m, deep).await {
                     Err(e) => {
@@ -893,19 +908,29 @@ impl Attempt<'_> {
                         m.mark_granted(self.locker.clock.wall_ms());
                         return Ok(Some(m));
                     }
-                    Ok(Look::Behind { row, ahead }) => {
+                    Ok(Look::Behind {
+                        row,
+                        ahead,
+                        adjacent,
+                    }) => {
                         if self.timed_out() {
                             if let Err(e) = m.leave().await {
                                 tracing::warn!(key = self.key, error = %e, "could not remove our row after giving up; it goes stale after one lease");
                             }
                             return Err(self.busy(Some(&row)));
                         }
-                        (ahead, row.ticket)
+                        (ahead, row.ticket, adjacent)
                     }
                 },
             };
             deep = ahead >= LOOK_LIMIT as usize;
-            let mut pause = pace.after_look(self.now(), ahead, nearest, self.locker.clock.jitter());
+            let jitter = self.locker.clock.jitter();
+            let mut pause = pace.after_look(self.now(), ahead, nearest, jitter);
+            if adjacent && self.locker.memory.ours(self.key, nearest) {
+                // Right behind a row of this process: its release (or its waiter giving up)
+                // wakes us; `max_poll` is only a backstop.
+                pause = jittered(self.opts.max_poll, jitter);
+            }
             if let Some(d) = self.deadline {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }
@@ -931,8 +956,13 @@ enum Look {
     Removed,
     /// No live row ahead: the key is ours.
     Clear,
-    /// `row` is the nearest live row ahead; about `ahead` rows are ahead in all.
-    Behind { row: QueueRow, ahead: usize },
+    /// `row` is the nearest live row ahead (`adjacent`), or the first row of the queue (a
+    /// far-back look); about `ahead` rows are ahead in all.
+    Behind {
+        row: Box<QueueRow>,
+        ahead: usize,
+        adjacent: bool,
+    },
 }
 
 #[cfg(test)]

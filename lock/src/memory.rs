@@ -5,7 +5,7 @@
 //!
 //! Every map is bounded; forgetting costs a request or a little speed, never correctness.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,8 @@ pub(crate) struct Memory {
     turns: Mutex<HashMap<String, Duration>>,
     /// Per key, our waiters by ticket.
     waiting: Mutex<HashMap<String, BTreeMap<u64, Arc<Notify>>>>,
+    /// Per key, the tickets we hold.
+    holding: Mutex<HashMap<String, BTreeSet<u64>>>,
 }
 
 fn bounded_insert<V>(map: &mut HashMap<String, V>, key: &str, value: V) {
@@ -107,22 +109,68 @@ impl Memory {
         n
     }
 
-    /// Our waiter with `ticket` stops listening.
-    pub(crate) fn done_waiting(&self, key: &str, ticket: u64) {
+    /// Our waiter with `ticket` stops listening. Not granted (it gave up, was cancelled or
+    /// queues again), it wakes our waiter right behind it, which may have been sleeping on it.
+    pub(crate) fn done_waiting(&self, key: &str, ticket: u64, granted: bool) {
         let Ok(mut waiting) = self.waiting.lock() else {
             return;
         };
-        if let Some(tickets) = waiting.get_mut(key) {
-            tickets.remove(&ticket);
-            if tickets.is_empty() {
-                waiting.remove(key);
+        let Some(tickets) = waiting.get_mut(key) else {
+            return;
+        };
+        tickets.remove(&ticket);
+        if !granted {
+            if let Some((_, behind)) = tickets.range(ticket..).next() {
+                behind.notify_one();
             }
+        }
+        if tickets.is_empty() {
+            waiting.remove(key);
         }
     }
 
-    /// We released `key`: our waiter with the lowest ticket looks at once (it is the one that
-    /// may be next; the others would only find it ahead of them).
-    pub(crate) fn released(&self, key: &str) {
+    /// We hold `key` with `ticket`.
+    pub(crate) fn holding(&self, key: &str, ticket: u64) {
+        if let Ok(mut holding) = self.holding.lock() {
+            if holding.len() >= MAX_KEYS && !holding.contains_key(key) {
+                holding.clear();
+            }
+            holding.entry(key.to_owned()).or_default().insert(ticket);
+        }
+    }
+
+    /// We no longer hold `key` with `ticket` (released, or the guard dropped): our next waiter
+    /// looks at once.
+    pub(crate) fn let_go(&self, key: &str, ticket: u64) {
+        if let Ok(mut holding) = self.holding.lock() {
+            if let Some(tickets) = holding.get_mut(key) {
+                tickets.remove(&ticket);
+                if tickets.is_empty() {
+                    holding.remove(key);
+                }
+            }
+        }
+        self.released(key);
+    }
+
+    /// Whether the row with `ticket` on `key` is one of ours, waiting or holding: a waiter
+    /// right behind it need not look until it is woken (a release, or a waiter giving up,
+    /// wakes it).
+    pub(crate) fn ours(&self, key: &str, ticket: u64) -> bool {
+        let waiting = self
+            .waiting
+            .lock()
+            .is_ok_and(|w| w.get(key).is_some_and(|t| t.contains_key(&ticket)));
+        waiting
+            || self
+                .holding
+                .lock()
+                .is_ok_and(|h| h.get(key).is_some_and(|t| t.contains(&ticket)))
+    }
+
+    /// Our waiter with the lowest ticket on `key` looks at once (it is the one that may be
+    /// next; the others would only find it ahead of them).
+    fn released(&self, key: &str) {
         let next = self
             .waiting
             .lock()
@@ -174,7 +222,7 @@ mod tests {
         let m = Arc::new(Memory::default());
         let later = m.waiting("k", 9);
         let next = m.waiting("k", 4);
-        m.released("k");
+        m.let_go("k", 2);
         // notify_one stores a permit for the next waiter: it is woken, the later one is not.
         tokio::time::timeout(Duration::from_secs(1), next.notified())
             .await
@@ -184,8 +232,27 @@ mod tests {
                 .await
                 .is_err()
         );
-        m.done_waiting("k", 4);
-        m.done_waiting("k", 9);
+        m.done_waiting("k", 4, true);
+        m.done_waiting("k", 9, true);
         assert!(m.waiting.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn our_rows_are_known_and_a_waiter_giving_up_wakes_the_next() {
+        let m = Arc::new(Memory::default());
+        m.holding("k", 3);
+        let behind = m.waiting("k", 5);
+        let last = m.waiting("k", 6);
+        assert!(m.ours("k", 3) && m.ours("k", 5) && m.ours("k", 6));
+        assert!(!m.ours("k", 4) && !m.ours("other", 3));
+        // The waiter at 5 gives up: the one right behind it looks at once.
+        m.done_waiting("k", 5, false);
+        tokio::time::timeout(Duration::from_secs(1), last.notified())
+            .await
+            .unwrap();
+        assert!(!m.ours("k", 5));
+        m.let_go("k", 3);
+        assert!(!m.ours("k", 3));
+        drop(behind);
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use flightlock::{LockOptions, Wait};
+
 use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -92,4 +94,63 @@ async fn uncontended_cycles_reuse_the_hint_and_tokens_keep_rising() {
     let g = locker.acquire("k", &fast()).await.unwrap();
     assert_eq!(g.token(), 7);
     g.release().await.unwrap();
+}
+
+/// Waiters of one process behind one another look only when woken (a release, a dropped guard,
+/// a waiter ahead giving up), with `max_poll` as a backstop. Here the backstop is an hour: a
+/// lost wake-up would stall the test until its 60 s limit, not slow it down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_process_hands_over_by_waking_alone() {
+    let env = Env::new("local").await;
+    // The holder is another process: its release wakes nobody here.
+    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let shared = env.locker().await;
+    let opts = LockOptions {
+        max_poll: Duration::from_secs(3600),
+        ..fast()
+    };
+    let probe = Probe::default();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let locker = shared.clone();
+        let probe = probe.clone();
+        // w0 gives up while the key is still held: w1, asleep behind it, must be woken to look
+        // past it; w2 drops its guard instead of releasing it: w3 must be woken all the same.
+        let opts = if i == 0 {
+            LockOptions {
+                wait: Wait::For(Duration::from_millis(1000)),
+                ..opts.clone()
+            }
+        } else {
+            opts.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            match locker.acquire("k", &opts).await {
+                Ok(g) => {
+                    probe.enter(&format!("w{i}"), g.token());
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    probe.leave();
+                    if i == 2 {
+                        drop(g);
+                    } else {
+                        g.release().await.unwrap();
+                    }
+                }
+                Err(e) => assert!(i == 0 && e.is_busy(), "w{i}: {e}"),
+            }
+        }));
+        until_queue_len(&env, "k", i + 2).await;
+    }
+    // Past the give-up of w0.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await
+    .expect("a waiter of this process was never woken");
+    assert_eq!(probe.order(), ["w1", "w2", "w3"]);
+    assert!(!probe.overlapped());
 }
