@@ -20,7 +20,9 @@ pub struct QueueEntry {
     pub lease_left_ms: i64,
     /// Enqueue time, epoch ms.
     pub enqueued_at_ms: Option<i64>,
-    /// Grant time, epoch ms.
+    /// Grant time, epoch ms: written with the row when it was granted at once, else by the
+    /// holder's first heartbeat after its grant (a hold shorter than a heartbeat interval that
+    /// waited first never shows one).
     pub acquired_at_ms: Option<i64>,
     /// Details for people.
     #[serde(flatten)]
