@@ -25,7 +25,9 @@
 pub mod fake_lambda;
 mod rounds;
 
-pub use rounds::{check_skip_round, finish, invoke_all, record_file, start_all, stop_all};
+pub use rounds::{
+    check_skip_round, fifo_round, finish, invoke_all, record_file, skip_rounds, start_all, stop_all,
+};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

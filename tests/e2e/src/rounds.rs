@@ -1,7 +1,10 @@
 //! Helpers shared by the end-to-end tests: record files, starting and invoking several
-//! environments, and the check of a skip round.
+//! environments, and the skip and FIFO scenarios every runtime goes through.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
 
 use crate::{assert_no_overlap, runs, Env, Spec};
 
@@ -87,4 +90,40 @@ pub fn check_skip_round(responses: &[serde_json::Value], record: &Path, key: &st
     let runs = runs(record);
     assert_eq!(runs.len(), ran.len(), "{runs:#?}");
     assert_no_overlap(&runs);
+}
+
+/// Two rounds (cold: init happens at the first invoke; then warm) of one invocation per
+/// environment at once with wait = 0, each handler running `sleep_ms`: each round is checked by
+/// [`check_skip_round`].
+pub async fn skip_rounds(envs: &[Env], record: &Path, key: &str, sleep_ms: u64) {
+    for _round in 0..2 {
+        let _ = std::fs::remove_file(record);
+        let responses = invoke_all(envs, |i| json!({"seq": i, "sleepMs": sleep_ms})).await;
+        check_skip_round(&responses, record, key);
+    }
+}
+
+/// FIFO with waiting: every environment is warmed first (init), so arrival order is the order
+/// of invocation; then environment `i` is invoked `400 ms · i` after the first, each handler
+/// running 1 s. Every invocation must succeed, the handler runs must not overlap, and they
+/// must run in arrival order.
+pub async fn fifo_round(envs: &[Env], record: &Path) {
+    for e in envs {
+        let r = e.invoke(json!({"seq": -1})).await;
+        assert_eq!(r.json()["ok"], true, "{}", e.log());
+    }
+    let _ = std::fs::remove_file(record);
+    let calls = envs.iter().enumerate().map(|(i, e)| async move {
+        tokio::time::sleep(Duration::from_millis(400 * i as u64)).await;
+        e.invoke(json!({"seq": i, "sleepMs": 1000})).await.json()
+    });
+    for (i, r) in futures::future::join_all(calls).await.iter().enumerate() {
+        assert_eq!(r["ok"], true, "{i}: {r}");
+    }
+    let runs = runs(record);
+    assert_eq!(runs.len(), envs.len(), "{runs:#?}");
+    assert_no_overlap(&runs);
+    let order: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
+    let arrival: Vec<i64> = (0..envs.len() as i64).collect();
+    assert_eq!(order, arrival, "granted out of arrival order: {runs:#?}");
 }

@@ -10,8 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use flightlock_e2e::{
-    assert_no_overlap, check_skip_round, invoke_all, record_file, runs, start_all, stop_all, table,
-    Env, Runtime, Spec,
+    fifo_round, record_file, runs, skip_rounds, start_all, stop_all, table, Env, Runtime, Spec,
 };
 use serde_json::json;
 
@@ -41,12 +40,8 @@ async fn curl_runtime_single_flight_skip() {
         .map(|_| Spec::layered("curlskip", Runtime::Curl).with("FLIGHTLOCK_WAIT", "0"))
         .collect();
     let envs = start_all("curl", &specs, &endpoint, &table, &record).await;
-    // A handler much longer than a runtime-exit poll (100 ms): cold round, then warm round.
-    for _round in 0..2 {
-        let _ = std::fs::remove_file(&record);
-        let responses = invoke_all(&envs, |i| json!({"seq": i, "sleepMs": 1500})).await;
-        check_skip_round(&responses, &record, "curlskip");
-    }
+    // A handler much longer than a runtime-exit poll (100 ms).
+    skip_rounds(&envs, &record, "curlskip", 1500).await;
     no_early_release(&envs);
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
@@ -60,26 +55,7 @@ async fn curl_runtime_fifo_with_wait() {
         .map(|_| Spec::layered("curlfifo", Runtime::Curl).with("FLIGHTLOCK_WAIT", "forever"))
         .collect();
     let envs = start_all("curlf", &specs, &endpoint, &table, &record).await;
-    for e in &envs {
-        let r = e.invoke(json!({"seq": -1})).await;
-        assert_eq!(r.json()["ok"], true, "{}", e.log());
-    }
-    let _ = std::fs::remove_file(&record);
-    let calls = envs.iter().enumerate().map(|(i, e)| async move {
-        tokio::time::sleep(Duration::from_millis(400 * i as u64)).await;
-        e.invoke(json!({"seq": i, "sleepMs": 1000})).await.json()
-    });
-    for (i, r) in futures::future::join_all(calls).await.iter().enumerate() {
-        assert_eq!(r["ok"], true, "{i}: {r}");
-    }
-    let runs = runs(&record);
-    assert_no_overlap(&runs);
-    let order: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
-    assert_eq!(
-        order,
-        vec![0, 1, 2],
-        "granted out of arrival order: {runs:#?}"
-    );
+    fifo_round(&envs, &record).await;
     no_early_release(&envs);
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);

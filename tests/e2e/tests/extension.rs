@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use flightlock_e2e::{
-    assert_no_overlap, check_skip_round, finish, invoke_all, record_file, runs, start_all,
-    stop_all, table, Env, Runtime, Spec,
+    fifo_round, finish, record_file, runs, skip_rounds, start_all, stop_all, table, Env, Runtime,
+    Spec,
 };
 use serde_json::json;
 
@@ -19,12 +19,7 @@ async fn single_flight_skip_across_python_environments() {
         .map(|_| Spec::layered("nightly", Runtime::Python).with("FLIGHTLOCK_WAIT", "0"))
         .collect();
     let envs = start_all("py", &specs, &endpoint, &table, &record).await;
-    // Cold round (init happens at the first invoke), then a warm round.
-    for _round in 0..2 {
-        let _ = std::fs::remove_file(&record);
-        let responses = invoke_all(&envs, |i| json!({"seq": i, "sleepMs": 2000})).await;
-        check_skip_round(&responses, &record, "nightly");
-    }
+    skip_rounds(&envs, &record, "nightly", 2000).await;
     for e in &envs {
         assert!(
             e.log().contains("\"Skipped\"") || e.log().contains("\"Acquired\""),
@@ -48,29 +43,7 @@ async fn single_flight_fifo_with_wait_across_rust_and_python() {
         Spec::layered("report", Runtime::Python).with("FLIGHTLOCK_WAIT", "forever"),
     ];
     let envs = start_all("mix", &specs, &endpoint, &table, &record).await;
-    // Warm every environment (init) so arrival order is the order we invoke in.
-    for e in &envs {
-        let r = e.invoke(json!({"seq": -1})).await;
-        assert_eq!(r.json()["ok"], true, "{}", e.log());
-    }
-    let _ = std::fs::remove_file(&record);
-    let calls = envs.iter().enumerate().map(|(i, e)| async move {
-        tokio::time::sleep(Duration::from_millis(400 * i as u64)).await;
-        e.invoke(json!({"seq": i, "sleepMs": 1000})).await.json()
-    });
-    let responses = futures::future::join_all(calls).await;
-    for (i, r) in responses.iter().enumerate() {
-        assert_eq!(r["ok"], true, "{i}: {r}");
-    }
-    let runs = runs(&record);
-    assert_eq!(runs.len(), envs.len());
-    assert_no_overlap(&runs);
-    let order: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
-    assert_eq!(
-        order,
-        vec![0, 1, 2, 3],
-        "granted out of arrival order: {runs:#?}"
-    );
+    fifo_round(&envs, &record).await;
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
 }
@@ -87,11 +60,7 @@ async fn in_process_layer_single_flight_for_rust() {
         })
         .collect();
     let envs = start_all("rs", &specs, &endpoint, &table, &record).await;
-    for _ in 0..2 {
-        let _ = std::fs::remove_file(&record);
-        let responses = invoke_all(&envs, |i| json!({"seq": i, "sleepMs": 2000})).await;
-        check_skip_round(&responses, &record, "inproc");
-    }
+    skip_rounds(&envs, &record, "inproc", 2000).await;
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
 }

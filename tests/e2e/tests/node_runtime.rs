@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use flightlock_e2e::{
-    assert_no_overlap, check_skip_round, finish, invoke_all, record_file, runs, start_all,
-    stop_all, table, Env, Runtime, Spec,
+    fifo_round, finish, record_file, runs, skip_rounds, start_all, stop_all, table, Env, Runtime,
+    Spec,
 };
 use serde_json::json;
 
@@ -21,11 +19,7 @@ async fn node_runtime_single_flight_skip() {
         .map(|_| Spec::layered("nodeskip", Runtime::Node).with("FLIGHTLOCK_WAIT", "0"))
         .collect();
     let envs = start_all("node", &specs, &endpoint, &table, &record).await;
-    for _round in 0..2 {
-        let _ = std::fs::remove_file(&record);
-        let responses = invoke_all(&envs, |i| json!({"seq": i, "sleepMs": 1500})).await;
-        check_skip_round(&responses, &record, "nodeskip");
-    }
+    skip_rounds(&envs, &record, "nodeskip", 1500).await;
     for e in &envs {
         assert!(!e.log().contains("UNENFORCED"), "{}", e.log());
     }
@@ -42,26 +36,7 @@ async fn fifo_across_node_python_and_curl_runtimes() {
         .map(|r| Spec::layered("three", r).with("FLIGHTLOCK_WAIT", "forever"))
         .collect();
     let envs = start_all("mix3", &specs, &endpoint, &table, &record).await;
-    for e in &envs {
-        let r = e.invoke(json!({"seq": -1})).await;
-        assert_eq!(r.json()["ok"], true, "{}", e.log());
-    }
-    let _ = std::fs::remove_file(&record);
-    let calls = envs.iter().enumerate().map(|(i, e)| async move {
-        tokio::time::sleep(Duration::from_millis(400 * i as u64)).await;
-        e.invoke(json!({"seq": i, "sleepMs": 1000})).await.json()
-    });
-    for (i, r) in futures::future::join_all(calls).await.iter().enumerate() {
-        assert_eq!(r["ok"], true, "{i}: {r}");
-    }
-    let runs = runs(&record);
-    assert_no_overlap(&runs);
-    let order: Vec<i64> = runs.iter().map(|r| r.seq.unwrap()).collect();
-    assert_eq!(
-        order,
-        vec![0, 1, 2],
-        "granted out of arrival order: {runs:#?}"
-    );
+    fifo_round(&envs, &record).await;
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
 }
