@@ -100,3 +100,68 @@ async fn a_sigkilled_waiter_is_passed_over() {
         "the dead waiter's row was not removed"
     );
 }
+
+/// A dead head seen only by waiters more than a page back (eight dead rows between them and it:
+/// a holder and seven waiters whose DynamoDB became unreachable, as for killed processes). The
+/// far-back look reads only the first row; it must judge it and pass it over like any look, or
+/// the queue stays stuck until the sweeper or TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_head_is_passed_over_by_waiters_far_back() {
+    let env = Env::new("deadfar").await;
+    let mut proxies = Vec::new();
+    let mut dead = Vec::new();
+    for i in 0..9 {
+        let (locker, proxy) = env.proxied_locker().await;
+        proxies.push(proxy);
+        if i == 0 {
+            let g = locker.acquire("k", &fast()).await.unwrap();
+            dead.push(tokio::spawn(async move {
+                let _g = g;
+                std::future::pending::<()>().await;
+            }));
+        } else {
+            dead.push(tokio::spawn(async move {
+                let _ = locker.acquire("k", &fast()).await;
+                std::future::pending::<()>().await;
+            }));
+        }
+        until_queue_len(&env, "k", i + 1).await;
+    }
+    for p in &proxies {
+        p.add_rule(flightlock_testkit::Rule::new(
+            flightlock_testkit::Fault::ServerError,
+        ));
+    }
+    let probe = Probe::default();
+    let mut live = Vec::new();
+    for i in 0..3 {
+        let locker = env.locker().await;
+        let probe = probe.clone();
+        live.push(tokio::spawn(async move {
+            let g = locker.acquire("k", &fast()).await.unwrap();
+            probe.enter(&format!("w{i}"), g.token());
+            probe.leave();
+            g.release().await.unwrap();
+        }));
+        until_queue_len(&env, "k", 10 + i).await;
+    }
+    // A stuck queue would wait for the sweeper, which does not run here: the limit is only
+    // there to end the test.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for t in live {
+            t.await.unwrap();
+        }
+    })
+    .await
+    .expect("the waiters far back never got past the dead rows");
+    assert_eq!(probe.order(), ["w0", "w1", "w2"]);
+    assert_strictly_increasing(&probe.tokens());
+    for d in dead {
+        d.abort();
+    }
+    assert!(
+        env.queue("k").await.is_empty(),
+        "{:?}",
+        env.queue("k").await
+    );
+}
