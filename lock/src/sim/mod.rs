@@ -151,6 +151,8 @@ struct Monitor {
     violations: Vec<String>,
     crashed: BTreeSet<String>,
     finished: BTreeSet<String>,
+    /// (key, who) of participants inside an acquisition that waits forever.
+    waiting: BTreeSet<(String, String)>,
     grants: u64,
     busy: u64,
     crashes: u64,
@@ -466,6 +468,12 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         *f = Faults::CALM;
     }
     ctx.note("faults stop".into());
+    tokio::spawn(stuck_watch(
+        ctx.clone(),
+        keys.clone(),
+        workers.len(),
+        background.clone(),
+    ));
     let horizon = Instant::now() + Duration::from_secs(600);
     for (w, task) in workers.iter().zip(tasks) {
         let left = horizon.saturating_duration_since(Instant::now());
@@ -710,7 +718,15 @@ async fn process(
             });
             return Some(cycle);
         } else {
-            locker.acquire(&key.name, &opts).await
+            let forever = opts.wait == Wait::Forever;
+            if forever {
+                ctx.with(|m| m.waiting.insert((key.name.clone(), who.clone())));
+            }
+            let r = locker.acquire(&key.name, &opts).await;
+            if forever {
+                ctx.with(|m| m.waiting.remove(&(key.name.clone(), who.clone())));
+            }
+            r
         };
         let elapsed = Instant::now().saturating_duration_since(started);
         let guard = match acquired {
@@ -865,6 +881,61 @@ async fn sweeper(
 /// its holder believes in (its version was sent no earlier than one lease before the holder's
 /// deadline). A lease rolled back by a late write breaks this at once, whether or not a waiter
 /// happens to exploit it.
+/// Guarantee 4 once faults stop: a key where someone waits forever and nobody live holds it
+/// must be granted within a bound, whatever dead rows are ahead: each is passed over within its
+/// lease (by the observer's clock in clock-free mode), the allowance and a poll or two. A queue
+/// that only the sweeper or TTL could free (they run here too, minutes apart) breaks it.
+async fn stuck_watch(
+    ctx: Ctx,
+    keys: Vec<KeyPlan>,
+    participants: usize,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut since: BTreeMap<String, Instant> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let now = Instant::now();
+        for key in &keys {
+            let (waiting, held) = ctx
+                .with(|m| {
+                    (
+                        m.waiting.iter().any(|(k, _)| *k == key.name),
+                        m.believers(&key.name, "").next().is_some(),
+                    )
+                })
+                .unwrap_or((false, true));
+            if !waiting || held {
+                since.remove(&key.name);
+                continue;
+            }
+            let start = *since.entry(key.name.clone()).or_insert(now);
+            let allowance = match key.opts.clock_skew {
+                ClockSkew::Bounded(d) => d,
+                ClockSkew::Unbounded => Duration::ZERO,
+            };
+            let per_row = key.opts.lease * 65 / 64
+                + allowance
+                + key.opts.max_poll * 2
+                + ctx.attempt_timeout * 2;
+            let rows = u32::try_from(participants + 1).unwrap_or(u32::MAX);
+            let bound = per_row * rows + Duration::from_secs(5);
+            if now - start > bound {
+                ctx.violation(format!(
+                    "stuck: {} has a waiter and no live holder for {:?} after faults stopped \
+                     (bound {bound:?})",
+                    key.name,
+                    now - start
+                ));
+                since.insert(key.name.clone(), now);
+            }
+        }
+    }
+}
+
 async fn lease_watch(ctx: Ctx, stop: tokio_util::sync::CancellationToken) {
     loop {
         tokio::select! {

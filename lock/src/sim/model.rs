@@ -48,6 +48,10 @@ pub(crate) enum Mutation {
     /// Heartbeats are conditioned on `owner` only (defect 4): a delayed older heartbeat rolls a
     /// newer lease back.
     HeartbeatRollback,
+    /// A waiter's looks show every row's lease thirty leases longer than stored: waiters pass
+    /// a dead row over that much later (a dead holder costing many leases). Only a waiter that
+    /// waits forever is slowed; the check that sees it is the takeover bound.
+    SlowTakeover,
 }
 
 /// Who removed a queue row.
@@ -217,9 +221,9 @@ impl Table {
             Request::Query { key, start, range } => Ok(match range {
                 crate::storage::Range::All => self.query(key, start.as_ref()),
                 crate::storage::Range::Below { ticket, limit } => {
-                    self.query_below(key, start.as_ref(), *ticket, *limit)
+                    self.as_shown(self.query_below(key, start.as_ref(), *ticket, *limit))
                 }
-                crate::storage::Range::Lowest => self.query_lowest(key),
+                crate::storage::Range::Lowest => self.as_shown(self.query_lowest(key)),
             }),
             Request::Enqueue(r) => self.enqueue(r, now),
             Request::DeleteStale { key, ticket, rvn } => {
@@ -293,6 +297,32 @@ impl Table {
                     Ok(Response::Owned(Owned::No))
                 }
             }
+        }
+    }
+
+    /// A look's page as the waiter sees it: as stored, but under [`Mutation::SlowTakeover`] with
+    /// every lease thirty leases longer.
+    fn as_shown(&self, page: Response) -> Response {
+        let (Some(Mutation::SlowTakeover), Response::Page { items, next }) = (self.mutation, &page)
+        else {
+            return page;
+        };
+        let items = items
+            .iter()
+            .cloned()
+            .map(|mut item| {
+                let until = num(&item, schema::LEASE_UNTIL_MS);
+                let lease = num(&item, schema::LEASE_MS);
+                if let (Some(until), Some(lease)) = (until, lease) {
+                    item.insert(schema::LEASE_UNTIL_MS.into(), schema::n(until + 30 * lease));
+                    item.insert(schema::LEASE_MS.into(), schema::n(31 * lease));
+                }
+                item
+            })
+            .collect();
+        Response::Page {
+            items,
+            next: next.clone(),
         }
     }
 

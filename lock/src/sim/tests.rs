@@ -191,6 +191,15 @@ fn a_heartbeat_that_can_roll_the_lease_back_is_caught() {
 }
 
 #[test]
+fn a_dead_row_passed_over_many_leases_late_is_caught() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::SlowTakeover),
+        ..Knobs::default()
+    };
+    caught("dead rows passed over thirty leases late", knobs, 2000);
+}
+
+#[test]
 fn trusting_clocks_more_than_they_agree_is_caught() {
     let knobs = Knobs {
         understate_skew: true,
