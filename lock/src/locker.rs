@@ -703,7 +703,11 @@ impl Attempt<'_> {
                     expected = None;
                 }
                 Ok(Enqueue::Conflict) => {
-                    in_flight.tickets.retain(|&t| t != ticket);
+                    // This attempt wrote nothing, but an earlier one of the same request whose
+                    // answer was lost may still land (the counter has not moved, so it can
+                    // succeed): the ticket stays in `in_flight`, to be removed if we give up.
+                    // (Found by the simulation: a late copy after a conflict and a give-up left
+                    // a row nobody heartbeated.)
                     failures += 1;
                     let pause = backoff(
                         failures,
