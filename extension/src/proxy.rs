@@ -93,6 +93,9 @@ pub struct Proxy {
     runtime_connected: AtomicBool,
     /// Results of fetches whose runtime disconnected, for the next `GET next` (see [`Waiting`]).
     orphans: std::sync::Mutex<VecDeque<oneshot::Receiver<Fetched>>>,
+    /// Releases in flight (a runtime that died mid-invocation is released by its watch, which
+    /// may still be deleting the row when SHUTDOWN comes): shutdown waits for them.
+    releasing: tokio::sync::watch::Sender<usize>,
 }
 
 impl Proxy {
@@ -127,6 +130,7 @@ impl Proxy {
             limits: Limits::default(),
             runtime_connected: AtomicBool::new(false),
             orphans: std::sync::Mutex::new(VecDeque::new()),
+            releasing: tokio::sync::watch::channel(0).0,
         }
     }
 

@@ -35,6 +35,7 @@ impl Proxy {
     /// Releases the lock held by `slot`, if any.
     pub async fn release(&self, slot: &Slot) {
         if let Some(held) = slot.take_held() {
+            let _in_flight = Releasing::start(&self.releasing);
             self.gate.release(held).await;
         }
     }
@@ -46,6 +47,9 @@ impl Proxy {
         let releases = futures::future::join_all(held.into_iter().map(|h| self.gate.release(h)));
         let all = async {
             releases.await;
+            // Releases already under way elsewhere (the watch of a runtime that died just
+            // before SHUTDOWN) finish too: exiting now would drop their delete.
+            let _ = self.releasing.subscribe().wait_for(|n| *n == 0).await;
             self.gate.locker().flush().await;
         };
         if tokio::time::timeout(budget, all).await.is_err() {
@@ -58,5 +62,21 @@ impl Proxy {
         } else if n > 0 {
             tracing::info!(released = n, "released held locks at shutdown");
         }
+    }
+}
+
+/// One release in flight, counted until it ends (or its future is dropped).
+struct Releasing<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> Releasing<'a> {
+    fn start(count: &'a tokio::sync::watch::Sender<usize>) -> Releasing<'a> {
+        count.send_modify(|n| *n += 1);
+        Releasing(count)
+    }
+}
+
+impl Drop for Releasing<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
