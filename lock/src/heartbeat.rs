@@ -77,10 +77,12 @@ pub(crate) struct Timing {
     pub opts: Arc<LockOptions>,
 }
 
-/// A row just written by the enqueue transaction.
+/// A queue entry just written by the enqueue (a row, or the counter's seat).
 pub(crate) struct Written<'a> {
     pub key: &'a str,
     pub ticket: u64,
+    /// The entry is the counter's seat.
+    pub seat: bool,
     pub owner: &'a str,
     /// The queue was clear: the row holds the key from the start.
     pub granted: bool,
@@ -101,6 +103,8 @@ pub(crate) struct Membership {
     pub(crate) store: Store,
     pub(crate) key: Arc<str>,
     pub(crate) ticket: u64,
+    /// Our entry is the counter's seat, not a row.
+    pub(crate) seat: bool,
     pub(crate) owner: Arc<str>,
     state: watch::Receiver<RowState>,
     cancel: CancellationToken,
@@ -123,6 +127,7 @@ impl Membership {
         let Written {
             key,
             ticket,
+            seat,
             owner,
             granted,
             sent,
@@ -141,6 +146,7 @@ impl Membership {
                 store: store.clone(),
                 key: key.clone(),
                 ticket,
+                seat,
                 owner: owner.clone(),
                 timing,
                 clock: clock.clone(),
@@ -155,6 +161,7 @@ impl Membership {
             store,
             key,
             ticket,
+            seat,
             owner,
             state: rx,
             cancel,
@@ -207,6 +214,7 @@ impl Membership {
                 &*self.clock,
                 &self.key,
                 self.ticket,
+                self.seat,
                 &self.owner,
             )
             .await
@@ -220,6 +228,7 @@ impl Membership {
             &*self.clock,
             &self.key,
             self.ticket,
+            self.seat,
             &self.owner,
         )
         .await
@@ -235,16 +244,17 @@ impl Drop for Membership {
         // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
         // the background if a runtime is still there; otherwise it goes stale after one lease.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (store, clock, key, owner, ticket) = (
+            let (store, clock, key, owner, ticket, seat) = (
                 self.store.clone(),
                 self.clock.clone(),
                 self.key.clone(),
                 self.owner.clone(),
                 self.ticket,
+                self.seat,
             );
             let tracker = self.store.background().clone();
             tracker.spawn_on(async move {
-                if let Err(e) = delete_with_retry(&store, &*clock, &key, ticket, &owner).await {
+                if let Err(e) = delete_with_retry(&store, &*clock, &key, ticket, seat, &owner).await {
                     tracing::warn!(key = %key, ticket, error = %e, "background release failed; the row will be passed over after its lease");
                 }
             }, &rt);
@@ -263,13 +273,14 @@ pub(crate) async fn delete_with_retry(
     clock: &dyn Clock,
     key: &str,
     ticket: u64,
+    seat: bool,
     owner: &str,
 ) -> Result<Owned, Error> {
     let give_up = Instant::now() + Duration::from_secs(5);
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
-        match store.delete_owned(key, ticket, owner).await {
+        match store.delete_owned(key, ticket, seat, owner).await {
             Ok(Owned::No) if ambiguous => return Ok(Owned::Yes),
             Ok(o) => return Ok(o),
             Err(Failure::Retry { .. }) if Instant::now() < give_up => {
@@ -292,6 +303,7 @@ struct Heartbeat {
     store: Store,
     key: Arc<str>,
     ticket: u64,
+    seat: bool,
     owner: Arc<str>,
     timing: Timing,
     clock: Arc<dyn Clock>,
@@ -343,6 +355,7 @@ impl Heartbeat {
             let beat = Beat {
                 key: self.key.to_string(),
                 ticket: self.ticket,
+                seat: self.seat,
                 owner: self.owner.to_string(),
                 lease_until_ms,
                 expires_at: opts.expires_at(lease_until_ms),

@@ -295,6 +295,7 @@ mod tests {
             lease_until_ms,
             lease_ms: 10_000,
             expires_at: 0,
+            seat: false,
             rvn: rvn.into(),
             enqueued_at_ms: None,
             acquired_at_ms: None,

@@ -330,8 +330,8 @@ struct InFlight {
     clock: Arc<dyn Clock>,
     key: String,
     owner: String,
-    /// Tickets that an unanswered or ambiguous request may have written.
-    tickets: Vec<u64>,
+    /// Entries (ticket, seat) that an unanswered or ambiguous request may have written.
+    tickets: Vec<(u64, bool)>,
 }
 
 impl InFlight {
@@ -357,8 +357,8 @@ impl InFlight {
                     if pass == 1 {
                         tokio::time::sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
                     }
-                    for &t in &tickets {
-                        if let Err(e) = delete_with_retry(&store, &*clock, &key, t, &owner).await {
+                    for &(t, seat) in &tickets {
+                        if let Err(e) = delete_with_retry(&store, &*clock, &key, t, seat, &owner).await {
                             tracing::warn!(key = %key, ticket = t, error = %e, "could not remove a possibly written row; it goes stale after one lease");
                         }
                     }
@@ -493,7 +493,7 @@ impl Attempt<'_> {
             match self
                 .locker
                 .store
-                .delete_stale(self.key, row.ticket, &row.rvn)
+                .delete_stale(self.key, row.ticket, row.seat, &row.rvn)
                 .await
             {
                 Ok(o) => return Ok(o),
@@ -506,14 +506,17 @@ impl Attempt<'_> {
     }
 
     /// Creates the key's missing counter at the highest ticket seen (someone else may create it
-    /// first: fine, the next read sees theirs).
-    async fn create_counter(&self, owner: &str, give_up: Instant) -> Result<(), Error> {
+    /// first: fine, the next read sees theirs). Its `lastOwner` carries a fresh id, never our
+    /// owner id: a counter we recreate must not take a value that an earlier request of ours,
+    /// still in flight, is conditioned on (found by the simulation: a request that timed out
+    /// landed after we had recreated the counter exactly as it read it).
+    async fn create_counter(&self, give_up: Instant) -> Result<(), Error> {
         let mut failures = 0;
         loop {
             match self
                 .locker
                 .store
-                .create_counter(self.key, self.max_seen, owner)
+                .create_counter(self.key, self.max_seen, &new_id(&*self.locker.clock))
                 .await
             {
                 Ok(created) => {
@@ -561,6 +564,7 @@ impl Attempt<'_> {
                 row: row.to_item(),
                 owner: owner.to_owned(),
                 token: format!("{owner}{ticket:016x}"),
+                seat: clear,
             },
             first_sent,
             wall,
@@ -623,7 +627,7 @@ impl Attempt<'_> {
                     let Some(counter) = snap.counter.clone() else {
                         // No counter (a new key, or one deleted by hand): create it at the
                         // highest ticket seen and read again. Never enqueue on "no counter".
-                        self.create_counter(&owner, give_up).await?;
+                        self.create_counter(give_up).await?;
                         continue;
                     };
                     // The counter condition proves nobody queued since this read: with no live
@@ -643,13 +647,14 @@ impl Attempt<'_> {
                 Some(p) if p.request.ticket == ticket && p.request.counter == counter => p,
                 _ => self.prepare(&owner, ticket, counter, clear),
             };
-            if !in_flight.tickets.contains(&ticket) {
-                in_flight.tickets.push(ticket);
+            let entry = (ticket, p.request.seat);
+            if !in_flight.tickets.contains(&entry) {
+                in_flight.tickets.push(entry);
             }
             let outcome = self.locker.store.enqueue(&p.request).await;
             match outcome {
                 Ok(Enqueue::Done | Enqueue::AlreadyOurs) => {
-                    in_flight.tickets.retain(|&t| t != ticket);
+                    in_flight.tickets.retain(|&(t, _)| t != ticket);
                     let timing = Timing {
                         interval: opts.heartbeat_interval(),
                         opts: Arc::new(opts.clone()),
@@ -662,6 +667,7 @@ impl Attempt<'_> {
                     let written = Written {
                         key: self.key,
                         ticket,
+                        seat: p.request.seat,
                         owner: &owner,
                         granted: p.granted,
                         sent: p.first_sent,
@@ -677,7 +683,7 @@ impl Attempt<'_> {
                 }
                 Ok(Enqueue::CounterAt(current)) => {
                     // Definite: nothing was written at this ticket.
-                    in_flight.tickets.retain(|&t| t != ticket);
+                    in_flight.tickets.retain(|&(t, _)| t != ticket);
                     self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
                     let adopt = |c: &Counter| source == Source::Read && c.consistent();
                     let Some(current) = current.filter(adopt) else {
@@ -694,10 +700,21 @@ impl Attempt<'_> {
                     expected = Some((current, Source::Read, false));
                     failures = 0;
                 }
+                Ok(Enqueue::OursOlder) => {
+                    // An earlier request of ours for this ticket landed late (its expected
+                    // counter came back). Its lease is not the one we would believe in: remove
+                    // it, and read the queue again.
+                    tracing::info!(key = self.key, ticket, "an earlier enqueue of ours landed late; removing it and queueing again");
+                    let seat = p.request.seat;
+                    delete_with_retry(&self.locker.store, &*clock, self.key, ticket, seat, &owner)
+                        .await?;
+                    self.max_seen = self.max_seen.max(ticket);
+                    expected = None;
+                }
                 Ok(Enqueue::TicketTaken) => {
                     // The counter was lowered or deleted by hand and a row already has this
                     // ticket: read the queue again, and take a ticket above everything on it.
-                    in_flight.tickets.retain(|&t| t != ticket);
+                    in_flight.tickets.retain(|&(t, _)| t != ticket);
                     self.max_seen = self.max_seen.max(ticket);
                     tracing::warn!(key = self.key, ticket, "the key's counter is behind its queue (was it deleted or changed by hand?); taking a higher ticket");
                     expected = None;
@@ -771,14 +788,16 @@ impl Attempt<'_> {
                 }
             };
             for (i, item) in items.iter().enumerate() {
-                let row = QueueRow::from_item(self.key, item)?;
+                let entry = QueueRow::entry(self.key, item)?;
                 if first {
                     first = false;
-                    if row.ticket == m.ticket && *row.owner == *m.owner {
+                    if entry.is_some_and(|r| r.ticket == m.ticket && *r.owner == *m.owner) {
                         continue;
                     }
                     return Ok(Look::Removed);
                 }
+                // The counter ends the queue; its seat, if taken, is the queue's first entry.
+                let Some(row) = entry else { continue };
                 if self.alive(&row).await? {
                     // Rows read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more.
@@ -815,8 +834,7 @@ impl Attempt<'_> {
                     }
                 }
             };
-            let Some(item) = lowest else { return Ok(None) };
-            let row = QueueRow::from_item(self.key, &item)?;
+            let Some(row) = lowest else { return Ok(None) };
             if row.ticket >= m.ticket {
                 return Ok(None);
             }

@@ -82,6 +82,7 @@ mod tests {
             lease_until_ms,
             lease_ms: 1000,
             expires_at: 0,
+            seat: false,
             rvn: "r".into(),
             enqueued_at_ms: None,
             acquired_at_ms: None,

@@ -7,6 +7,17 @@
 //! counter first (`"counter" < "q#…"`) followed by the queue in ticket order: one request is
 //! enough to know both the next ticket and who is ahead.
 //!
+//! **The seat.** A key's counter item may also carry one queue entry: the holder of a key that
+//! was taken while its queue was empty. Taking the seat is one conditional `UpdateItem` of the
+//! counter (`last` moves to the seat's ticket, and the entry's attributes are set beside it), and
+//! releasing it is one more (`REMOVE` of those attributes): two single-item writes per
+//! uncontended cycle, the cost of a plain conditional-put lock, instead of a two-item transaction
+//! and a delete. The seat uses the queue row's attribute names (`owner`, `ticket`,
+//! `leaseUntilMs`, `leaseMs`, `rvn`, …), except `expiresAt`: TTL must never delete a counter. To
+//! everyone reading the queue the seat is simply its lowest entry ([`QueueRow::seat`]): the
+//! counter sorts before every row, its ticket is below every row queued behind it, and it is
+//! judged, heartbeated and passed over like any row.
+//!
 //! Everything here is pure: no I/O, unit-tested without a server.
 
 use std::collections::HashMap;
@@ -62,6 +73,33 @@ pub const HOST: &str = "host";
 pub const ENQUEUED_AT_MS: &str = "enqueuedAtMs";
 /// Queue row (for people): when the lock was granted, epoch ms (absent while waiting).
 pub const ACQUIRED_AT_MS: &str = "acquiredAtMs";
+
+/// The attributes of a queue entry that the counter's seat carries (every row attribute but the
+/// keys and `expiresAt`). Vacating the seat removes exactly these.
+pub const SEAT_ATTRIBUTES: [&str; 11] = [
+    OWNER,
+    TICKET,
+    LEASE_UNTIL_MS,
+    LEASE_MS,
+    RVN,
+    CLOCK_FREE,
+    ENQUEUED_AT_MS,
+    ACQUIRED_AT_MS,
+    FUNCTION,
+    REQUEST_ID,
+    HOST,
+];
+
+/// The seat's attributes of a new row item: every attribute but `pk`, `sk` and `expiresAt`.
+pub fn seat_attributes(row: &HashMap<String, AttributeValue>) -> Vec<(&str, &AttributeValue)> {
+    let mut attrs: Vec<(&str, &AttributeValue)> = row
+        .iter()
+        .filter(|(name, _)| SEAT_ATTRIBUTES.contains(&name.as_str()))
+        .map(|(name, value)| (name.as_str(), value))
+        .collect();
+    attrs.sort_by_key(|(name, _)| *name);
+    attrs
+}
 
 /// Longest lock key, in bytes of UTF-8.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -132,8 +170,10 @@ pub struct QueueRow {
     pub lease_until_ms: i64,
     /// Lease length, ms.
     pub lease_ms: i64,
-    /// TTL, epoch seconds.
+    /// TTL, epoch seconds (0 for the seat, which TTL never removes).
     pub expires_at: i64,
+    /// The entry is the counter's seat (see the module docs), not a row of its own.
+    pub seat: bool,
     /// Record version number; changes at every heartbeat.
     pub rvn: String,
     /// Enqueue time, epoch ms (writer's clock).
@@ -263,10 +303,10 @@ impl Snapshot {
                         _ => None,
                     },
                 });
-            } else if sk.starts_with(QUEUE_PREFIX) {
-                snap.rows.push(QueueRow::from_item(key, item)?);
             }
-            // Other sort keys are not ours (a user may share the table); ignore them.
+            if let Some(entry) = QueueRow::entry(key, item)? {
+                snap.rows.push(entry);
+            }
         }
         snap.rows.sort_by_key(|r| r.ticket);
         Ok(snap)
@@ -274,11 +314,25 @@ impl Snapshot {
 }
 
 impl QueueRow {
-    /// Decodes a queue row, naming the field that is wrong.
+    /// The queue entry an item of a key's partition holds: a queue row, the counter's seat, or
+    /// nothing (a counter with an empty seat; an item of another sort key, which is not ours: a
+    /// user may share the table).
+    pub fn entry(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Option<Self>, Error> {
+        let sk = get_s(key, item, SK)?;
+        let ours = sk.starts_with(QUEUE_PREFIX) || (sk == COUNTER_SK && item.contains_key(OWNER));
+        if ours {
+            QueueRow::from_item(key, item).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Decodes a queue row or an occupied seat, naming the field that is wrong.
     pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Self, Error> {
         let sk = get_s(key, item, SK)?;
         let ticket = get_u64(key, item, TICKET)?;
-        if sk != queue_sk(ticket) {
+        let seat = sk == COUNTER_SK;
+        if !seat && sk != queue_sk(ticket) {
             return Err(malformed(
                 key,
                 item,
@@ -286,7 +340,11 @@ impl QueueRow {
                 format!("sort key {sk:?} does not match ticket {ticket}"),
             ));
         }
-        let expires_at = get_i64(key, item, EXPIRES_AT)?;
+        let expires_at = if seat {
+            0
+        } else {
+            get_i64(key, item, EXPIRES_AT)?
+        };
         if expires_at > MAX_EXPIRES_AT_SECONDS {
             return Err(malformed(
                 key,
@@ -307,6 +365,7 @@ impl QueueRow {
             lease_until_ms: get_i64(key, item, LEASE_UNTIL_MS)?,
             lease_ms: get_i64(key, item, LEASE_MS)?,
             expires_at,
+            seat,
             rvn: get_s(key, item, RVN)?.to_owned(),
             enqueued_at_ms: opt_i64(key, item, ENQUEUED_AT_MS)?,
             acquired_at_ms: opt_i64(key, item, ACQUIRED_AT_MS)?,

@@ -1,4 +1,4 @@
-//! The storage seam: the six requests the protocol makes, as values.
+//! The storage seam: the requests the protocol makes, as values.
 //!
 //! The protocol (`locker.rs`, `heartbeat.rs`) never talks to DynamoDB directly. It builds a
 //! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two
@@ -26,7 +26,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, Error};
-use crate::schema::{Counter, Snapshot, COUNTER_SK, PK, SK};
+use crate::schema::{Counter, QueueRow, Snapshot, COUNTER_SK, PK, SK};
 
 /// A DynamoDB item: attribute name to value.
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -45,12 +45,15 @@ pub(crate) enum Request {
     },
     /// The atomic enqueue transaction (see [`EnqueueRequest`]).
     Enqueue(EnqueueRequest),
-    /// `DeleteItem` of a row judged stale, conditioned on the `rvn` that was judged.
+    /// `DeleteItem` of a row judged stale, conditioned on the `rvn` that was judged (for the
+    /// seat: `UpdateItem` of the counter removing the seat's attributes, same condition).
     DeleteStale {
         /// Lock key.
         key: String,
         /// The row's ticket.
         ticket: u64,
+        /// The entry is the counter's seat.
+        seat: bool,
         /// The record version that was judged stale.
         rvn: String,
     },
@@ -70,12 +73,15 @@ pub(crate) enum Request {
         /// `lastOwner`: our owner id.
         owner: String,
     },
-    /// `DeleteItem` of our own row, conditioned on `owner`.
+    /// `DeleteItem` of our own row, conditioned on `owner` (for the seat: `UpdateItem` of the
+    /// counter removing the seat's attributes, same condition).
     DeleteOwned {
         /// Lock key.
         key: String,
         /// Our ticket.
         ticket: u64,
+        /// The entry is the counter's seat.
+        seat: bool,
         /// Our owner id.
         owner: String,
     },
@@ -87,7 +93,11 @@ impl Request {
     pub(crate) fn operation(&self) -> &'static str {
         match self {
             Request::Query { .. } => "Query",
+            Request::Enqueue(r) if r.seat => "UpdateItem",
             Request::Enqueue(_) => "TransactWriteItems",
+            Request::DeleteStale { seat: true, .. } | Request::DeleteOwned { seat: true, .. } => {
+                "UpdateItem"
+            }
             Request::DeleteStale { .. } | Request::DeleteOwned { .. } => "DeleteItem",
             Request::Heartbeat(_) => "UpdateItem",
             Request::CreateCounter { .. } => "PutItem",
@@ -101,22 +111,31 @@ pub(crate) enum Range {
     /// The counter and every row, in sort-key order, in pages of up to 1 MB.
     All,
     /// Queue rows with tickets at or below `ticket`, highest first (`ScanIndexForward = false`),
-    /// at most `limit` a page. A waiter's poll: its own row, then the nearest rows ahead of it.
-    /// One read unit whatever the queue's length; it goes further only past stale rows.
+    /// then the counter (it sorts below every row: `sk BETWEEN "counter" AND q#ticket`), at most
+    /// `limit` items a page. A waiter's poll: its own row, then the nearest rows ahead of it, and
+    /// the seat once the page reaches the bottom of the queue. One read unit whatever the
+    /// queue's length; it goes further only past stale rows.
     Below {
         /// Highest ticket read (the waiter's own).
         ticket: u64,
         /// `Limit`.
         limit: u32,
     },
-    /// The lowest queue row only (ascending, `Limit 1`): where the queue starts. A waiter far
-    /// back reads it to learn how far back it is (its ticket minus this one) for one read unit.
+    /// The counter and the lowest queue row only (ascending, `Limit 2`): where the queue starts
+    /// (the seat if it is taken, else the lowest row). A waiter far back reads it to learn how
+    /// far back it is (its ticket minus this one) for one read unit.
     Lowest,
 }
 
 /// `TransactWriteItems` of two items: the key's counter moves from `counter` to `ticket`, and our
 /// row (with that ticket) is put if no row has that ticket. Issuance and insertion are one atomic
 /// step, which closes the late-enqueue race (DESIGN.md §4).
+///
+/// With `seat`, the same step is one `UpdateItem` of the counter: it moves from `counter` to
+/// `ticket` and takes the seat (see [`crate::schema`]) with the row's attributes, only if the
+/// counter is as expected *and* the seat is empty. Only an enqueuer that knows the queue is
+/// empty takes it (its read or its hint shows no live row, and the counter condition proves
+/// nobody queued since), so the seat holder holds the key at once.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct EnqueueRequest {
     /// Lock key.
@@ -136,6 +155,8 @@ pub(crate) struct EnqueueRequest {
     pub owner: String,
     /// `ClientRequestToken`: one token, one byte-identical request (retries reuse both).
     pub token: String,
+    /// Take the counter's seat instead of putting a row.
+    pub seat: bool,
 }
 
 /// One heartbeat: `UpdateItem` of our row, conditioned on `owner` *and* on the stored lease not
@@ -149,6 +170,8 @@ pub(crate) struct Beat {
     pub key: String,
     /// Our ticket.
     pub ticket: u64,
+    /// Our entry is the counter's seat (no `expiresAt` is written there).
+    pub seat: bool,
     /// Our owner id.
     pub owner: String,
     /// New lease end, epoch ms; never lower than the last one we wrote.
@@ -191,8 +214,13 @@ pub(crate) enum Enqueue {
     /// The counter was not as expected; this is what it holds (`None`: it is gone).
     /// Nothing was written.
     CounterAt(Option<Counter>),
-    /// Our row with this ticket already exists: an earlier, ambiguous attempt committed.
+    /// Our row with this ticket already exists: an earlier, ambiguous attempt of this very
+    /// request committed (the stored version is the one we sent).
     AlreadyOurs,
+    /// An entry of ours with this ticket exists, written by an *earlier, different* request of
+    /// this acquisition (another version and lease) that landed late. Nothing was written; we
+    /// cannot know what that entry's lease promises, so it is removed and the queue read again.
+    OursOlder,
     /// The counter was as expected but a row that is not ours has our ticket: the counter was
     /// lowered or deleted by hand. Nothing was written; read the queue and take a higher ticket.
     TicketTaken,
@@ -349,15 +377,22 @@ impl Store {
         Snapshot::from_items(key, &items).map_err(Failure::Fatal)
     }
 
-    /// The lowest queue row of `key`, if any.
-    pub(crate) async fn read_lowest(&self, key: &str) -> Result<Option<Item>, Failure> {
+    /// The first entry of `key`'s queue (the seat if taken, else the lowest row), if any.
+    pub(crate) async fn read_lowest(&self, key: &str) -> Result<Option<QueueRow>, Failure> {
         let request = Request::Query {
             key: key.to_owned(),
             start: None,
             range: Range::Lowest,
         };
         match self.call(request).await? {
-            Response::Page { items, .. } => Ok(items.into_iter().next()),
+            Response::Page { items, .. } => {
+                for item in &items {
+                    if let Some(entry) = QueueRow::entry(key, item).map_err(Failure::Fatal)? {
+                        return Ok(Some(entry));
+                    }
+                }
+                Ok(None)
+            }
             other => Err(Self::wrong("Query", other)),
         }
     }
@@ -409,11 +444,13 @@ impl Store {
         &self,
         key: &str,
         ticket: u64,
+        seat: bool,
         rvn: &str,
     ) -> Result<StaleDelete, Failure> {
         let request = Request::DeleteStale {
             key: key.to_owned(),
             ticket,
+            seat,
             rvn: rvn.to_owned(),
         };
         match self.call(request).await? {
@@ -433,11 +470,13 @@ impl Store {
         &self,
         key: &str,
         ticket: u64,
+        seat: bool,
         owner: &str,
     ) -> Result<Owned, Failure> {
         let request = Request::DeleteOwned {
             key: key.to_owned(),
             ticket,
+            seat,
             owner: owner.to_owned(),
         };
         match self.call(request).await? {
@@ -453,6 +492,15 @@ pub(crate) fn counter_key(key: &str) -> Item {
         (PK.to_owned(), AttributeValue::S(key.to_owned())),
         (SK.to_owned(), AttributeValue::S(COUNTER_SK.to_owned())),
     ])
+}
+
+/// The primary key of a queue entry: its row, or the counter for the seat.
+pub(crate) fn entry_key(key: &str, ticket: u64, seat: bool) -> Item {
+    if seat {
+        counter_key(key)
+    } else {
+        row_key(key, ticket)
+    }
 }
 
 /// The primary key of a queue row.

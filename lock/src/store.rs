@@ -24,7 +24,7 @@ use futures::future::BoxFuture;
 use crate::error::{BoxError, Error};
 use crate::schema::{self, n, s, PK};
 use crate::storage::{
-    counter_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal, Request,
+    counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal, Request,
     Response, StaleDelete, Storage,
 };
 
@@ -42,13 +42,23 @@ impl Storage for Dynamo {
             match request {
                 Request::Query { key, start, range } => this.query(&key, start, range).await,
                 Request::Enqueue(r) => this.enqueue(&r).await.map(Response::Enqueue),
-                Request::DeleteStale { key, ticket, rvn } => this
-                    .delete_stale(&key, ticket, &rvn)
+                Request::DeleteStale {
+                    key,
+                    ticket,
+                    seat,
+                    rvn,
+                } => this
+                    .delete_stale(&key, ticket, seat, &rvn)
                     .await
                     .map(Response::StaleDelete),
                 Request::Heartbeat(beat) => this.heartbeat(&beat).await.map(Response::Renewal),
-                Request::DeleteOwned { key, ticket, owner } => this
-                    .delete_owned(&key, ticket, &owner)
+                Request::DeleteOwned {
+                    key,
+                    ticket,
+                    seat,
+                    owner,
+                } => this
+                    .delete_owned(&key, ticket, seat, &owner)
                     .await
                     .map(Response::Owned),
                 Request::CreateCounter { key, last, owner } => this
@@ -96,16 +106,16 @@ impl Dynamo {
             Range::Below { ticket, limit } => query
                 .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
                 .expression_attribute_names("#sk", schema::SK)
-                .expression_attribute_values(":lo", s(&schema::queue_sk(0)))
+                .expression_attribute_values(":lo", s(schema::COUNTER_SK))
                 .expression_attribute_values(":hi", s(&schema::queue_sk(ticket)))
                 .scan_index_forward(false)
                 .limit(i32::try_from(limit).unwrap_or(i32::MAX)),
             Range::Lowest => query
                 .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
                 .expression_attribute_names("#sk", schema::SK)
-                .expression_attribute_values(":lo", s(&schema::queue_sk(0)))
+                .expression_attribute_values(":lo", s(schema::COUNTER_SK))
                 .expression_attribute_values(":hi", s(&schema::queue_sk(u64::MAX)))
-                .limit(1),
+                .limit(2),
         };
         let out = query.send().await.map_err(|e| self.classify("Query", e))?;
         Ok(Response::Page {
@@ -118,29 +128,16 @@ impl Dynamo {
     /// transaction idempotent on the service side; [`Enqueue::AlreadyOurs`] makes it idempotent
     /// on ours too, for servers that ignore the token.
     async fn enqueue(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
-        let mut values = HashMap::from([
-            (":next".to_owned(), n(r.ticket)),
-            (
-                ":owner".to_owned(),
-                s(&schema::last_owner(&r.owner, r.ticket)),
-            ),
-        ]);
-        let c = &r.counter;
-        values.insert(":expected".into(), n(c.last));
-        let condition = match &c.owner {
-            Some(o) => {
-                values.insert(":by".into(), s(o));
-                "#last = :expected AND #by = :by"
-            }
-            None => "#last = :expected AND attribute_not_exists(#by)",
-        };
+        if r.seat {
+            return self.take_seat(r).await;
+        }
+        let (update, names, values) = counter_move(r);
         let counter = Update::builder()
             .table_name(&*self.table)
             .set_key(Some(counter_key(&r.key)))
-            .update_expression("SET #last = :next, #by = :owner")
-            .condition_expression(condition)
-            .expression_attribute_names("#last", schema::LAST)
-            .expression_attribute_names("#by", schema::LAST_OWNER)
+            .update_expression(update)
+            .condition_expression(counter_condition(r))
+            .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
@@ -173,7 +170,7 @@ impl Dynamo {
             let item = |i: usize| reasons.get(i).and_then(|r| r.item());
             let reasons: Vec<(&str, Option<&crate::storage::Item>)> =
                 (0..2).map(|i| (code(i), item(i))).collect();
-            if let Some(outcome) = enqueue_outcome(&r.key, &r.owner, &reasons)? {
+            if let Some(outcome) = enqueue_outcome(r, &reasons)? {
                 return Ok(outcome);
             }
             let throttled = c.cancellation_reasons().iter().any(|r| {
@@ -196,6 +193,42 @@ impl Dynamo {
             return Ok(Enqueue::Conflict);
         }
         Err(self.classify("TransactWriteItems", err))
+    }
+
+    /// The seat's enqueue (see [`EnqueueRequest`]): one `UpdateItem` of the counter, conditioned
+    /// on the counter as read and an empty seat. A retry of an attempt that landed finds the seat
+    /// ours ([`Enqueue::AlreadyOurs`]); any other refusal reports the counter as it is.
+    async fn take_seat(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
+        let (update, mut names, mut values) = counter_move(r);
+        let mut update = update;
+        for (i, (name, value)) in schema::seat_attributes(&r.row).into_iter().enumerate() {
+            update.push_str(&format!(", #a{i} = :a{i}"));
+            names.insert(format!("#a{i}"), name.to_owned());
+            values.insert(format!(":a{i}"), value.clone());
+        }
+        names.insert("#seat".into(), schema::OWNER.into());
+        let condition = format!("{} AND attribute_not_exists(#seat)", counter_condition(r));
+        let result = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(&r.key)))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Enqueue::Done),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    seat_refused(r, c.item())
+                }
+                _ => Err(self.classify("UpdateItem", e)),
+            },
+        }
     }
 
     /// Puts a key's counter if it has none.
@@ -229,8 +262,27 @@ impl Dynamo {
         &self,
         key: &str,
         ticket: u64,
+        seat: bool,
         rvn: &str,
     ) -> Result<StaleDelete, Failure> {
+        if seat {
+            let result = self
+                .vacate(key, schema::RVN, s(rvn))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            return match result {
+                Ok(_) => Ok(StaleDelete::Deleted),
+                Err(e) => match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                        Ok(seat_judged(c.item(), ticket))
+                    }
+                    _ => Err(self.classify("UpdateItem", e)),
+                },
+            };
+        }
         let result = self
             .client
             .delete_item()
@@ -269,7 +321,16 @@ impl Dynamo {
             ("#exp".to_owned(), schema::EXPIRES_AT.to_owned()),
             ("#rvn".to_owned(), schema::RVN.to_owned()),
         ]);
-        let mut update = "SET #until = :until, #exp = :exp, #rvn = :rvn".to_owned();
+        if beat.seat {
+            // TTL must never remove a counter: the seat has no `expiresAt`.
+            names.remove("#exp");
+            values.remove(":exp");
+        }
+        let mut update = if beat.seat {
+            "SET #until = :until, #rvn = :rvn".to_owned()
+        } else {
+            "SET #until = :until, #exp = :exp, #rvn = :rvn".to_owned()
+        };
         if let Some(at) = beat.acquired_at_ms {
             update.push_str(", #acq = if_not_exists(#acq, :acq)");
             names.insert("#acq".into(), schema::ACQUIRED_AT_MS.into());
@@ -279,7 +340,7 @@ impl Dynamo {
             .client
             .update_item()
             .table_name(&*self.table)
-            .set_key(Some(row_key(&beat.key, beat.ticket)))
+            .set_key(Some(entry_key(&beat.key, beat.ticket, beat.seat)))
             .update_expression(update)
             .condition_expression(HEARTBEAT_CONDITION)
             .set_expression_attribute_names(Some(names))
@@ -304,9 +365,30 @@ impl Dynamo {
     /// The SDK's own retries are off for this request: the caller retries, and must know whether
     /// an earlier attempt may have deleted the row already (its response lost), or else it would
     /// report a lock it released itself as lost.
-    async fn delete_owned(&self, key: &str, ticket: u64, owner: &str) -> Result<Owned, Failure> {
+    async fn delete_owned(
+        &self,
+        key: &str,
+        ticket: u64,
+        seat: bool,
+        owner: &str,
+    ) -> Result<Owned, Failure> {
         let no_sdk_retry = aws_sdk_dynamodb::config::Builder::default()
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
+        if seat {
+            let result = self
+                .vacate(key, schema::OWNER, s(owner))
+                .customize()
+                .config_override(no_sdk_retry)
+                .send()
+                .await;
+            return match result {
+                Ok(_) => Ok(Owned::Yes),
+                Err(e) => match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(Owned::No),
+                    _ => Err(self.classify("UpdateItem", e)),
+                },
+            };
+        }
         let result = self
             .client
             .delete_item()
@@ -326,6 +408,33 @@ impl Dynamo {
                 _ => Err(self.classify("DeleteItem", e)),
             },
         }
+    }
+
+    /// An `UpdateItem` of `key`'s counter that empties its seat (removes
+    /// [`schema::SEAT_ATTRIBUTES`]) if the seat's `attribute` is `value`.
+    fn vacate(
+        &self,
+        key: &str,
+        attribute: &str,
+        value: aws_sdk_dynamodb::types::AttributeValue,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        let mut names: HashMap<String, String> = schema::SEAT_ATTRIBUTES
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
+            .collect();
+        let remove: Vec<String> = (0..schema::SEAT_ATTRIBUTES.len())
+            .map(|i| format!("#a{i}"))
+            .collect();
+        names.insert("#v".into(), attribute.to_owned());
+        self.client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(key)))
+            .update_expression(format!("REMOVE {}", remove.join(", ")))
+            .condition_expression("#v = :v")
+            .set_expression_attribute_names(Some(names))
+            .expression_attribute_values(":v", value)
     }
 
     /// Maps an SDK error to retry-or-fatal, with actionable messages for what a user must fix.
@@ -357,7 +466,12 @@ impl Dynamo {
             | "ThrottlingException"
             | "RequestLimitExceeded"
             | "LimitExceededException" => Kind::Retry(true),
-            "InternalServerError" | "ServiceUnavailable" | "TransactionInProgressException" => {
+            "InternalServerError"
+            | "ServiceUnavailable"
+            | "TransactionInProgressException"
+            // A single-item write to an item an ongoing transaction is writing (the seat lives
+            // on the counter, which every enqueue transaction updates).
+            | "TransactionConflictException" => {
                 Kind::Retry(false)
             }
             _ if status.is_some_and(|s| s >= 500) => Kind::Retry(false),
@@ -451,29 +565,105 @@ pub(crate) fn renewal_refused(item: Option<&crate::storage::Item>, owner: &str) 
     }
 }
 
+/// What a refused seat enqueue means, from the counter as it stood (`ALL_OLD`): the seat ours
+/// (an earlier attempt of this request landed), or the counter as it is.
+pub(crate) fn seat_refused(
+    r: &EnqueueRequest,
+    counter: Option<&crate::storage::Item>,
+) -> Result<Enqueue, Failure> {
+    let Some(item) = counter else {
+        return Ok(Enqueue::CounterAt(None));
+    };
+    if let Some(ours) = ours(r, item) {
+        return Ok(ours);
+    }
+    let snap = crate::schema::Snapshot::from_items(&r.key, [item]).map_err(Failure::Fatal)?;
+    Ok(Enqueue::CounterAt(snap.counter))
+}
+
+/// Whether the entry `item` (as it stood when our write was refused) is ours: this very
+/// request's version ([`Enqueue::AlreadyOurs`]), or one an earlier request of ours wrote
+/// ([`Enqueue::OursOlder`]).
+fn ours(r: &EnqueueRequest, item: &crate::storage::Item) -> Option<Enqueue> {
+    let text = |it: &crate::storage::Item, name: &str| {
+        it.get(name).and_then(|v| v.as_s().ok()).cloned()
+    };
+    if text(item, schema::OWNER).as_deref() != Some(r.owner.as_str()) {
+        return None;
+    }
+    Some(if text(item, schema::RVN) == text(&r.row, schema::RVN) {
+        Enqueue::AlreadyOurs
+    } else {
+        Enqueue::OursOlder
+    })
+}
+
+/// What a refused stale-seat removal means, from the counter as it stood: the seat still holds
+/// the entry judged (`ticket`) with a new version (`Revived`), or it holds another entry or none.
+pub(crate) fn seat_judged(counter: Option<&crate::storage::Item>, ticket: u64) -> StaleDelete {
+    let same = counter
+        .and_then(|c| c.get(schema::TICKET))
+        .is_some_and(|t| t.as_n().is_ok_and(|t| t.parse() == Ok(ticket)));
+    if same {
+        StaleDelete::Revived
+    } else {
+        StaleDelete::Gone
+    }
+}
+
+/// The counter half of an enqueue: `SET last, lastOwner`, its names and values.
+fn counter_move(
+    r: &EnqueueRequest,
+) -> (
+    String,
+    HashMap<String, String>,
+    HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+) {
+    let mut values = HashMap::from([
+        (":next".to_owned(), n(r.ticket)),
+        (
+            ":owner".to_owned(),
+            s(&schema::last_owner(&r.owner, r.ticket)),
+        ),
+        (":expected".to_owned(), n(r.counter.last)),
+    ]);
+    if let Some(o) = &r.counter.owner {
+        values.insert(":by".into(), s(o));
+    }
+    let names = HashMap::from([
+        ("#last".to_owned(), schema::LAST.to_owned()),
+        ("#by".to_owned(), schema::LAST_OWNER.to_owned()),
+    ]);
+    ("SET #last = :next, #by = :owner".to_owned(), names, values)
+}
+
+/// The counter half's condition: exactly the counter as read.
+fn counter_condition(r: &EnqueueRequest) -> &'static str {
+    match &r.counter.owner {
+        Some(_) => "#last = :expected AND #by = :by",
+        None => "#last = :expected AND attribute_not_exists(#by)",
+    }
+}
+
 /// What a cancelled enqueue transaction means, from its two cancellation reasons (code and the
 /// item the condition failed on: the counter's, then the row's). `None`: none of the protocol's
 /// outcomes; the caller classifies the error.
 pub(crate) fn enqueue_outcome(
-    key: &str,
-    owner: &str,
+    r: &EnqueueRequest,
     reasons: &[(&str, Option<&crate::storage::Item>)],
 ) -> Result<Option<Enqueue>, Failure> {
     let code = |i: usize| reasons.get(i).map_or("None", |r| r.0);
     let item = |i: usize| reasons.get(i).and_then(|r| r.1);
     if code(1) == "ConditionalCheckFailed" {
-        let mine = item(1)
-            .and_then(|it| it.get(schema::OWNER))
-            .is_some_and(|o| o.as_s().is_ok_and(|o| o == owner));
-        if mine {
-            return Ok(Some(Enqueue::AlreadyOurs));
+        if let Some(ours) = item(1).and_then(|it| ours(r, it)) {
+            return Ok(Some(ours));
         }
     }
     if code(0) == "ConditionalCheckFailed" {
         let last = match item(0) {
             None => None,
             Some(it) => {
-                crate::schema::Snapshot::from_items(key, [it])
+                crate::schema::Snapshot::from_items(&r.key, [it])
                     .map_err(Failure::Fatal)?
                     .counter
             }

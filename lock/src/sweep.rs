@@ -23,8 +23,11 @@
 //! `leaseUntilMs`), so the delete fails and the row survives ([`SweepSummary::revived`]). A row
 //! already removed by a waiter or TTL is counted as [`SweepSummary::already_gone`].
 //!
-//! - **Counters** (`sk = "counter"`) are never deleted: the server-side filter drops them, the
-//!   client decodes only `q#…` rows, and every delete key is rebuilt from a decoded ticket.
+//! - **Counters** (`sk = "counter"`) are never deleted. A counter whose seat (see
+//!   [`crate::schema`]) holds a dead entry is *vacated*: an `UpdateItem` removes the seat's
+//!   attributes under the same condition as a row's delete, and the counter stays. TTL never
+//!   removes a seat (a counter has no `expiresAt`), so a dead seat is left for the next
+//!   acquirer or the sweeper. Every delete key is rebuilt from a decoded ticket.
 //! - **Live rows** are never deleted: the filter (`leaseUntilMs < :cutoff`) is only a bandwidth
 //!   saving. The decision is made again on the client from the decoded row, and a third time by
 //!   the delete's condition.
@@ -46,7 +49,7 @@
 //!
 //! One `Scan` of the whole table (paginated with `ExclusiveStartKey`, optionally split into
 //! parallel segments), eventually consistent, with
-//! `FilterExpression: begins_with(sk, :q) AND leaseUntilMs < :cutoff` and a
+//! `FilterExpression: (begins_with(sk, :q) OR sk = :counter) AND leaseUntilMs < :cutoff` and a
 //! `ProjectionExpression` of the attributes the decision needs. DynamoDB bills a Scan on the
 //! items it *reads*, before the filter and the projection: per page, the summed size of the
 //! items read, rounded up to 4 KB, at 0.5 read units per 4 KB when eventually consistent.
@@ -116,8 +119,8 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How many error messages the summary keeps.
 pub(crate) const MAX_ERROR_SAMPLES: usize = 5;
 
-/// The scan's filter: queue rows whose lease ended before the cutoff.
-pub const FILTER: &str = "begins_with(#sk, :q) AND #until < :cutoff";
+/// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
+pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
 /// The scan's projection: exactly what [`QueueRow::from_item`] needs.
 pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
 /// The delete's condition: still the dead row that was read.
@@ -155,6 +158,7 @@ pub(crate) mod tests {
             lease_until_ms,
             lease_ms: 20_000,
             expires_at: 0,
+            seat: false,
             rvn: "r".into(),
             enqueued_at_ms: None,
             acquired_at_ms: None,

@@ -4,7 +4,8 @@
 //!
 //! The requests are drawn from a seeded generator over a small space (two keys, five tickets,
 //! three owners, three record versions, counters present, absent and off by one, tokens reused
-//! with the same and with a changed request) so that every condition is met both ways many times.
+//! with the same and with a changed request, the counter's seat taken, renewed and vacated) so
+//! that every condition is met both ways many times.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -80,6 +81,7 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                 row: row(&key, ticket, owner, pick(rng, &RVNS), 1_000),
                 owner: owner.to_owned(),
                 token: format!("{run:08x}-{:08x}", rng.random::<u32>()),
+                seat: rng.random_bool(0.35),
             };
             sent.push(r.clone());
             Request::Enqueue(r)
@@ -87,6 +89,7 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
         4..=5 => Request::Heartbeat(Beat {
             key,
             ticket,
+            seat: rng.random_bool(0.35),
             owner: owner.to_owned(),
             lease_until_ms: rng.random_range(900..=1_100),
             expires_at: 4_000_000_000,
@@ -96,6 +99,7 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
         6..=7 => Request::DeleteStale {
             key,
             ticket,
+            seat: rng.random_bool(0.35),
             rvn: pick(rng, &RVNS).to_owned(),
         },
         8 if rng.random_bool(0.3) => Request::CreateCounter {
@@ -112,11 +116,13 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                 Some(r) => Request::DeleteOwned {
                     key,
                     ticket: r.ticket,
+                    seat: r.seat,
                     owner: r.owner,
                 },
                 None => Request::DeleteOwned {
                     key,
                     ticket,
+                    seat: rng.random_bool(0.35),
                     owner: owner.to_owned(),
                 },
             }
@@ -207,7 +213,15 @@ async fn the_model_answers_as_dynamodb_local_does() {
                 a, b,
                 "seed {seed} step {step}: {req:?}\n DynamoDB Local: {a}\n model: {b}"
             );
-            *kinds.entry(b.chars().take(24).collect()).or_default() += 1;
+            let seat = match &req {
+                Request::Enqueue(r) => r.seat,
+                Request::Heartbeat(beat) => beat.seat,
+                Request::DeleteStale { seat, .. } | Request::DeleteOwned { seat, .. } => *seat,
+                _ => false,
+            };
+            let label: String = b.chars().take(24).collect();
+            let label = if seat { format!("seat {label}") } else { label };
+            *kinds.entry(label).or_default() += 1;
             compared += 1;
         }
         for key in ["k0", "k1"] {
@@ -247,6 +261,17 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "Created(true)",
         "Created(false)",
         "fatal IdempotentParamete",
+        "seat Enqueue(Done)",
+        "seat Enqueue(CounterAt",
+        "seat Enqueue(AlreadyOurs)",
+        "seat Renewal(Renewed)",
+        "seat Renewal(Superseded)",
+        "seat Renewal(Gone)",
+        "seat StaleDelete(Deleted)",
+        "seat StaleDelete(Gone)",
+        "seat StaleDelete(Revived)",
+        "seat Owned(Yes)",
+        "seat Owned(No)",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),

@@ -232,6 +232,14 @@ impl Monitor {
     fn leave(&mut self, who: &str) {
         self.holders.retain(|h| h.who != who);
     }
+
+    /// An operator deleted `owner`'s entry by hand.
+    fn deleted_by_hand(&mut self, owner: &str) {
+        for h in self.holders.iter_mut().filter(|h| h.owner == owner) {
+            h.exempt = true;
+        }
+        self.deleted_by_hand.insert(owner.to_owned());
+    }
 }
 
 /// Everything a participant task needs.
@@ -519,6 +527,9 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     if let Ok(mut t) = net.table.lock() {
         t.reap(Instant::now(), 1.0, &mut || 0.0);
     }
+    // TTL never removes a counter, so a dead seat is the sweeper's (or the next acquirer's):
+    // one scheduled sweep, whether or not the sweeper ran during the run.
+    sweep_once(&ctx, Duration::from_secs(60), 0);
     for (key, row) in rows(&net) {
         ctx.violation(format!(
             "self-cleaning: row {key} t{} of {:?} outlived TTL",
@@ -853,25 +864,30 @@ async fn sweeper(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        let now = Instant::now();
-        let Ok(mut table) = ctx.net.table.lock() else {
-            return;
-        };
-        let wall = table.server_ms(now) + offset_ms;
-        let cutoff = cutoff_ms(wall, grace);
-        for key in table.keys() {
-            let items = table.partition(&key);
-            for item in &items {
-                let Ok(row) = QueueRow::from_item(&key, item) else {
-                    continue;
-                };
-                if is_dead(&row, cutoff)
-                    && table.sweep_delete(&key, row.ticket, &row.owner, &row.rvn, cutoff, now)
-                {
-                    ctx.net
-                        .trace
-                        .line(format!("sweeper deleted {key} t{}", row.ticket));
-                }
+        sweep_once(&ctx, grace, offset_ms);
+    }
+}
+
+/// One pass of the sweeper: every dead entry (rows and seats) removed conditionally.
+fn sweep_once(ctx: &Ctx, grace: Duration, offset_ms: i64) {
+    let now = Instant::now();
+    let Ok(mut table) = ctx.net.table.lock() else {
+        return;
+    };
+    let wall = table.server_ms(now) + offset_ms;
+    let cutoff = cutoff_ms(wall, grace);
+    for key in table.keys() {
+        let items = table.partition(&key);
+        for item in &items {
+            let Ok(row) = QueueRow::from_item(&key, item) else {
+                continue;
+            };
+            if is_dead(&row, cutoff) && table.sweep_delete(&key, &row, cutoff, now) {
+                ctx.net.trace.line(format!(
+                    "sweeper deleted {key} t{}{}",
+                    row.ticket,
+                    if row.seat { " (seat)" } else { "" }
+                ));
             }
         }
     }
@@ -1027,6 +1043,9 @@ async fn operator(
         };
         let items = table.partition(key);
         let snap = Snapshot::from_items(key, &items).unwrap_or_default();
+        // Deleting the counter deletes its seat's entry too: for the seat's owner that is a row
+        // deleted by hand.
+        let seated = snap.rows.iter().find(|r| r.seat).map(|r| r.owner.clone());
         match rng.random_range(0..3) {
             0 => {
                 table.operator_delete(key, schema::COUNTER_SK, now);
@@ -1035,7 +1054,12 @@ async fn operator(
                 // Documented: a process that read "no counter" before may recreate it from its
                 // old read, below tickets already used; tickets stay above every row queued,
                 // not above rows already gone. Exclusion still holds; fencing is not promised.
-                ctx.with(|m| m.tampered.insert(key.clone()));
+                ctx.with(|m| {
+                    m.tampered.insert(key.clone());
+                    if let Some(owner) = &seated {
+                        m.deleted_by_hand(owner);
+                    }
+                });
             }
             1 => {
                 // Mostly just below the queue, where a stale ticket meets a queued row.
@@ -1059,16 +1083,26 @@ async fn operator(
                     continue;
                 }
                 let row = &snap.rows[rng.random_range(0..snap.rows.len())];
-                table.operator_delete(key, &schema::queue_sk(row.ticket), now);
+                // A seat's entry is deleted by deleting the counter that carries it.
+                let sk = if row.seat {
+                    schema::COUNTER_SK.to_owned()
+                } else {
+                    schema::queue_sk(row.ticket)
+                };
+                table.operator_delete(key, &sk, now);
                 drop(table);
-                ctx.note(format!("OPERATOR deletes row {key} t{}", row.ticket));
+                ctx.note(format!(
+                    "OPERATOR deletes {} {key} t{}",
+                    if row.seat { "the seated counter" } else { "row" },
+                    row.ticket
+                ));
                 // Its owner, holding or waiting, can only learn at its next heartbeat (a waiter
                 // may be granted on a read from just before): exclusion is not promised for it.
                 ctx.with(|m| {
-                    for h in m.holders.iter_mut().filter(|h| h.owner == row.owner) {
-                        h.exempt = true;
+                    m.deleted_by_hand(&row.owner);
+                    if row.seat {
+                        m.tampered.insert(key.clone());
                     }
-                    m.deleted_by_hand.insert(row.owner.clone());
                 });
             }
         }

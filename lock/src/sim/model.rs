@@ -52,6 +52,9 @@ pub(crate) enum Mutation {
     /// a dead row over that much later (a dead holder costing many leases). Only a waiter that
     /// waits forever is slowed; the check that sees it is the takeover bound.
     SlowTakeover,
+    /// The seat is taken whenever it is empty, without the counter condition: an enqueuer that
+    /// read an empty queue takes it even after others queued (and were granted) since.
+    SeatWithoutCounter,
 }
 
 /// Who removed a queue row.
@@ -131,6 +134,15 @@ fn string<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
 
 fn pk_sk(item: &Item) -> Option<(String, String)> {
     Some((string(item, PK)?.to_owned(), string(item, SK)?.to_owned()))
+}
+
+/// The sort key of a queue entry: its row's, or the counter's for the seat.
+fn entry_sk(ticket: u64, seat: bool) -> String {
+    if seat {
+        COUNTER_SK.to_owned()
+    } else {
+        schema::queue_sk(ticket)
+    }
 }
 
 fn conditional_failed(operation: &'static str) -> Failure {
@@ -226,7 +238,26 @@ impl Table {
                 crate::storage::Range::Lowest => self.as_shown(self.query_lowest(key)),
             }),
             Request::Enqueue(r) => self.enqueue(r, now),
-            Request::DeleteStale { key, ticket, rvn } => {
+            Request::DeleteStale {
+                key,
+                ticket,
+                seat: true,
+                rvn,
+            } => {
+                let counter = self.get(key, COUNTER_SK);
+                let outcome = match counter.and_then(|c| string(c, schema::RVN)) {
+                    Some(r) if r == rvn || self.mutation == Some(Mutation::UnconditionalStaleDelete) => {
+                        self.vacate(key, now, Some(Remover::Waiter));
+                        StaleDelete::Deleted
+                    }
+                    _ => crate::store::seat_judged(counter, *ticket),
+                };
+                self.count_stale(outcome);
+                Ok(Response::StaleDelete(outcome))
+            }
+            Request::DeleteStale {
+                key, ticket, rvn, ..
+            } => {
                 let sk = schema::queue_sk(*ticket);
                 let outcome = match self.get(key, &sk) {
                     None => StaleDelete::Gone,
@@ -239,15 +270,11 @@ impl Table {
                     }
                     Some(_) => StaleDelete::Revived,
                 };
-                match outcome {
-                    StaleDelete::Deleted => self.outcomes.stale_deleted += 1,
-                    StaleDelete::Gone => self.outcomes.stale_gone += 1,
-                    StaleDelete::Revived => self.outcomes.stale_revived += 1,
-                }
+                self.count_stale(outcome);
                 Ok(Response::StaleDelete(outcome))
             }
             Request::Heartbeat(beat) => {
-                let sk = schema::queue_sk(beat.ticket);
+                let sk = entry_sk(beat.ticket, beat.seat);
                 let current = self.get(&beat.key, &sk);
                 let owner_ok = current
                     .and_then(|i| string(i, schema::OWNER))
@@ -268,7 +295,9 @@ impl Table {
                 }
                 let n = |v: i64| AttributeValue::N(v.to_string());
                 item.insert(schema::LEASE_UNTIL_MS.into(), n(beat.lease_until_ms));
-                item.insert(schema::EXPIRES_AT.into(), n(beat.expires_at));
+                if !beat.seat {
+                    item.insert(schema::EXPIRES_AT.into(), n(beat.expires_at));
+                }
                 item.insert(schema::RVN.into(), AttributeValue::S(beat.rvn.clone()));
                 if let Some(at) = beat.acquired_at_ms {
                     item.entry(schema::ACQUIRED_AT_MS.into()).or_insert(n(at));
@@ -284,13 +313,21 @@ impl Table {
                 self.set_counter(key, *last, Some(&by), now);
                 Ok(Response::Created(true))
             }
-            Request::DeleteOwned { key, ticket, owner } => {
-                let sk = schema::queue_sk(*ticket);
+            Request::DeleteOwned {
+                key,
+                ticket,
+                seat,
+                owner,
+            } => {
+                let sk = entry_sk(*ticket, *seat);
                 let ours = self
                     .get(key, &sk)
                     .and_then(|i| string(i, schema::OWNER))
                     .is_some_and(|o| o == owner);
-                if ours {
+                if ours && *seat {
+                    self.vacate(key, now, None);
+                    Ok(Response::Owned(Owned::Yes))
+                } else if ours {
                     self.remove(key, &sk, now, None);
                     Ok(Response::Owned(Owned::Yes))
                 } else {
@@ -347,11 +384,10 @@ impl Table {
         Response::Page { items, next }
     }
 
-    /// Rows at or below `ticket`, highest first, `limit` a page. As DynamoDB does, a page that
-    /// reaches its `Limit` carries a `LastEvaluatedKey` even when nothing follows.
+    /// Rows at or below `ticket`, highest first, then the counter, `limit` items a page.
     fn query_below(&self, key: &str, start: Option<&Item>, ticket: u64, limit: u32) -> Response {
         let hi = schema::queue_sk(ticket);
-        let lo = schema::queue_sk(0);
+        let lo = COUNTER_SK.to_owned();
         let before = start.and_then(|s| string(s, SK)).map(str::to_owned);
         let items: Vec<Item> = self
             .items
@@ -361,8 +397,17 @@ impl Table {
             .take(usize::try_from(limit).unwrap_or(usize::MAX))
             .map(|(_, s)| s.item.clone())
             .collect();
+        // Descending, DynamoDB Local names a next page when the page is full and the partition
+        // holds more items below, in the key condition's range or not (the counter sorts below
+        // every row, so a look that reaches it is the last page).
         let full = items.len() >= usize::try_from(limit).unwrap_or(usize::MAX);
-        let next = match (full, items.last()) {
+        let more = items.last().and_then(pk_sk).is_some_and(|(_, last)| {
+            self.items
+                .range((key.to_owned(), String::new())..(key.to_owned(), last))
+                .next()
+                .is_some()
+        });
+        let next = match (full && more, items.last()) {
             (true, Some(last)) => pk_sk(last).map(|(pk, sk)| {
                 HashMap::from([
                     (PK.to_owned(), AttributeValue::S(pk)),
@@ -374,18 +419,19 @@ impl Table {
         Response::Page { items, next }
     }
 
-    /// The lowest queue row, as an ascending `Limit 1` page: with a row, the page names it as
-    /// where the next page would start (DynamoDB does so whenever the limit is reached).
+    /// The counter and the lowest queue row, as an ascending `Limit 2` page: a full page names
+    /// its last item as where the next page would start, whatever follows (as DynamoDB Local
+    /// does ascending).
     fn query_lowest(&self, key: &str) -> Response {
-        let lo = schema::queue_sk(0);
+        let lo = COUNTER_SK.to_owned();
         let hi = schema::queue_sk(u64::MAX);
         let items: Vec<Item> = self
             .items
             .range((key.to_owned(), lo)..=(key.to_owned(), hi))
-            .take(1)
+            .take(2)
             .map(|(_, s)| s.item.clone())
             .collect();
-        let next = items.last().and_then(pk_sk).map(|(pk, sk)| {
+        let next = items.get(1).and_then(pk_sk).map(|(pk, sk)| {
             HashMap::from([
                 (PK.to_owned(), AttributeValue::S(pk)),
                 (SK.to_owned(), AttributeValue::S(sk)),
@@ -418,7 +464,65 @@ impl Table {
         self.put(counter, now);
     }
 
+    /// The seat's enqueue: one conditional update of the counter.
+    fn take_seat(&mut self, r: &EnqueueRequest, now: Instant) -> Result<Response, Failure> {
+        let (counter_ok, counter) = self.counter_check(r);
+        let counter_ok = counter_ok || self.mutation == Some(Mutation::SeatWithoutCounter);
+        let empty = counter
+            .as_ref()
+            .is_some_and(|c| !c.contains_key(schema::OWNER));
+        if !(counter_ok && empty) {
+            return crate::store::seat_refused(r, counter.as_ref())
+                .map(Response::Enqueue);
+        }
+        let by = schema::last_owner(&r.owner, r.ticket);
+        self.set_counter(&r.key, r.ticket, Some(&by), now);
+        let mut item = self.get(&r.key, COUNTER_SK).cloned().unwrap_or_default();
+        for (name, value) in schema::seat_attributes(&r.row) {
+            item.insert(name.to_owned(), value.clone());
+        }
+        self.put(item, now);
+        Ok(Response::Enqueue(crate::storage::Enqueue::Done))
+    }
+
+    /// Empties a key's seat; a removal by a waiter or the sweeper is recorded as for a row.
+    fn vacate(&mut self, key: &str, now: Instant, by: Option<Remover>) {
+        let Some(mut counter) = self.get(key, COUNTER_SK).cloned() else {
+            return;
+        };
+        if let (Some(by), Some(ticket), Some(lease), Some(rvn)) = (
+            by,
+            num(&counter, schema::TICKET),
+            num(&counter, schema::LEASE_MS),
+            string(&counter, schema::RVN),
+        ) {
+            self.removals.push(Removal {
+                key: key.to_owned(),
+                ticket: u64::try_from(ticket).unwrap_or(0),
+                rvn: rvn.to_owned(),
+                by,
+                at: now,
+                lease: Duration::from_millis(u64::try_from(lease).unwrap_or(0)),
+            });
+        }
+        for name in schema::SEAT_ATTRIBUTES {
+            counter.remove(name);
+        }
+        self.put(counter, now);
+    }
+
+    fn count_stale(&mut self, outcome: StaleDelete) {
+        match outcome {
+            StaleDelete::Deleted => self.outcomes.stale_deleted += 1,
+            StaleDelete::Gone => self.outcomes.stale_gone += 1,
+            StaleDelete::Revived => self.outcomes.stale_revived += 1,
+        }
+    }
+
     fn enqueue(&mut self, r: &EnqueueRequest, now: Instant) -> Result<Response, Failure> {
+        if r.seat {
+            return self.take_seat(r, now);
+        }
         self.tokens
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < TOKEN_WINDOW);
         if let Some((seen, _)) = self.tokens.get(&r.token) {
@@ -456,7 +560,7 @@ impl Table {
         ];
         let borrowed: Vec<(&str, Option<&Item>)> =
             reasons.iter().map(|(c, i)| (*c, i.as_ref())).collect();
-        match enqueue_outcome(&r.key, &r.owner, &borrowed)? {
+        match enqueue_outcome(r, &borrowed)? {
             Some(o) => {
                 if o == crate::storage::Enqueue::TicketTaken {
                     self.outcomes.ticket_taken += 1;
@@ -519,19 +623,21 @@ impl Table {
     pub(crate) fn sweep_delete(
         &mut self,
         key: &str,
-        ticket: u64,
-        owner: &str,
-        rvn: &str,
+        row: &schema::QueueRow,
         cutoff_ms: i64,
         now: Instant,
     ) -> bool {
-        let sk = schema::queue_sk(ticket);
+        let (owner, rvn) = (row.owner.as_str(), row.rvn.as_str());
+        let sk = entry_sk(row.ticket, row.seat);
         let matches = self.get(key, &sk).is_some_and(|i| {
             string(i, schema::OWNER) == Some(owner)
                 && string(i, schema::RVN) == Some(rvn)
                 && num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff_ms)
         });
-        if matches {
+        if matches && row.seat {
+            self.vacate(key, now, Some(Remover::Sweeper));
+            self.outcomes.swept += 1;
+        } else if matches {
             self.remove(key, &sk, now, Some(Remover::Sweeper));
             self.outcomes.swept += 1;
         }

@@ -228,6 +228,9 @@ async fn deliver_in_two_writes(
     let Request::Enqueue(r) = request else {
         return net.apply(who, request);
     };
+    if r.seat {
+        return net.apply(who, request); // one write already
+    }
     let first = match net.table.lock() {
         Ok(mut t) => t.take_ticket(r, Instant::now()),
         Err(_) => Err(false),
@@ -261,7 +264,8 @@ pub(crate) fn describe(r: &Request) -> String {
             if start.is_some() { ", next page" } else { "" }
         ),
         Request::Enqueue(e) => format!(
-            "Enqueue({} t{} counter {} by {} owner {})",
+            "{}({} t{} counter {} by {} owner {})",
+            if e.seat { "TakeSeat" } else { "Enqueue" },
             e.key,
             e.ticket,
             e.counter.last,
@@ -271,20 +275,32 @@ pub(crate) fn describe(r: &Request) -> String {
                 .map_or("-", |o| &o[..6.min(o.len())]),
             &e.owner[..6.min(e.owner.len())]
         ),
-        Request::DeleteStale { key, ticket, rvn } => {
+        Request::DeleteStale {
+            key,
+            ticket,
+            seat,
+            rvn,
+        } => {
             format!(
-                "DeleteStale({key} t{ticket} rvn {})",
+                "DeleteStale({key} t{ticket}{} rvn {})",
+                if *seat { " seat" } else { "" },
                 &rvn[..6.min(rvn.len())]
             )
         }
         Request::Heartbeat(b) => format!(
-            "Heartbeat({} t{} until {} rvn {})",
+            "Heartbeat({} t{}{} until {} rvn {})",
             b.key,
             b.ticket,
+            if b.seat { " seat" } else { "" },
             b.lease_until_ms,
             &b.rvn[..6.min(b.rvn.len())]
         ),
-        Request::DeleteOwned { key, ticket, .. } => format!("DeleteOwned({key} t{ticket})"),
+        Request::DeleteOwned {
+            key, ticket, seat, ..
+        } => format!(
+            "DeleteOwned({key} t{ticket}{})",
+            if *seat { " seat" } else { "" }
+        ),
         Request::CreateCounter { key, last, .. } => format!("CreateCounter({key} at {last})"),
     }
 }

@@ -86,10 +86,8 @@ fn seeded_schedules_hold_every_guarantee() {
     assert!(busy > 0 && crashes > 0 && cancels > 0);
     if count >= 100 {
         assert!(totals.stale_deleted > 0, "no dead row was ever passed over");
-        assert!(
-            totals.stale_revived > 0,
-            "no stale delete ever met a revived row"
-        );
+        // A stale delete meeting a revived row is rare since uncontended holders sit in the
+        // seat (about one schedule in 400): a named schedule keeps that path.
         assert!(
             totals.token_replays > 0,
             "no ambiguous enqueue was ever replayed"
@@ -108,7 +106,7 @@ fn named_schedules_hold() {
         all_clock_free: true,
         ..Knobs::default()
     };
-    let named: [(u64, Knobs, &str, &str); 8] = [
+    let named: [(u64, Knobs, &str, &str); 10] = [
         (1411, Knobs::default(), "OPERATOR deletes the counter",
          "protocol bug, fixed: an enqueue read 'no counter, queue clear', its answer was lost, \
           others queued and the counter was deleted again; the retry landed and was granted"),
@@ -123,11 +121,18 @@ fn named_schedules_hold() {
          "the counter is deleted while rows are queued; tickets stay above them"),
         (54, Knobs::default(), "OPERATOR sets the counter",
          "the counter is set back below the queue; tickets stay above every queued row"),
-        (149, clock_free, "OPERATOR deletes row",
+        (835, Knobs::default(), "OPERATOR deletes the counter of k1",
+         "protocol bug, fixed: a seat enqueue timed out, the counter was deleted and recreated \
+          by the same process exactly as read, and the timed-out attempt landed; a new request \
+          for the same ticket met it and believed its own, longer lease"),
+        (2123, Knobs::default(), "-> Revived",
+         "a heartbeat lands between a waiter's judgement and its stale delete: the row lives"),
+        (152, clock_free, "OPERATOR deletes row",
          "clock-free: a token replay answers Done for a row an operator deleted"),
-        (200280, clock_free, "p4 conflict on Enqueue(k1 t3",
-         "protocol bug, fixed: an enqueue's answer was lost, its retry met a conflict and the \
-          caller gave up; the lost attempt landed later and its row was left unheartbeated"),
+        (200300, clock_free, "conflict on Enqueue(",
+         "protocol bug, fixed (its own schedule, seed 200280, no longer arises since the seat): \
+          an enqueue's answer was lost, its retry met a conflict and the caller gave up; the \
+          lost attempt landed later and its row was left unheartbeated"),
     ];
     for (seed, knobs, marker, what) in named {
         let r = run(seed, knobs);
@@ -208,6 +213,15 @@ fn a_dead_row_passed_over_many_leases_late_is_caught() {
 }
 
 #[test]
+fn a_seat_taken_without_the_counter_condition_is_caught() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::SeatWithoutCounter),
+        ..Knobs::default()
+    };
+    caught("seat without the counter condition", knobs, 300);
+}
+
+#[test]
 fn trusting_clocks_more_than_they_agree_is_caught() {
     let knobs = Knobs {
         understate_skew: true,
@@ -260,6 +274,7 @@ fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
         row: row_item(key, ticket, owner),
         owner: owner.into(),
         token: token.into(),
+        seat: false,
     })
 }
 

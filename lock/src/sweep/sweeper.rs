@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use futures::StreamExt;
@@ -17,7 +18,7 @@ use super::{
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::liveness::backoff;
-use crate::schema::{self, n, queue_sk, s, QueueRow, PK, QUEUE_PREFIX, SK};
+use crate::schema::{self, n, queue_sk, s, QueueRow, COUNTER_SK, PK, QUEUE_PREFIX, SK};
 use crate::storage::Failure;
 use crate::store::Dynamo;
 
@@ -161,8 +162,12 @@ impl Sweeper {
                 return None;
             }
         };
-        let is_queue_row =
-            matches!(item.get(SK), Some(AttributeValue::S(sk)) if sk.starts_with(QUEUE_PREFIX));
+        // A queue row, or a counter whose seat is taken (see `schema`).
+        let is_queue_row = match item.get(SK) {
+            Some(AttributeValue::S(sk)) if sk.starts_with(QUEUE_PREFIX) => true,
+            Some(AttributeValue::S(sk)) => sk == COUNTER_SK && item.contains_key(schema::OWNER),
+            _ => false,
+        };
         if !is_queue_row {
             tally.counters_skipped += 1;
             return None;
@@ -272,6 +277,7 @@ impl Sweeper {
                 .projection_expression(PROJECTION)
                 .set_expression_attribute_names(Some(scan_names()))
                 .expression_attribute_values(":q", s(QUEUE_PREFIX))
+                .expression_attribute_values(":counter", s(COUNTER_SK))
                 .expression_attribute_values(":cutoff", n(cutoff))
                 .consistent_read(false)
                 .set_exclusive_start_key(start.map(ScanKey::to_item))
@@ -312,6 +318,9 @@ impl Sweeper {
         cutoff: i64,
         deadline: Option<Instant>,
     ) -> Result<RowOutcome, Failure> {
+        if c.row.seat {
+            return self.vacate_dead(c, cutoff, deadline).await;
+        }
         let mut attempt = 0;
         loop {
             let result = self
@@ -352,6 +361,69 @@ impl Sweeper {
                 return Err(failure);
             }
             tracing::debug!(key = %c.key, ticket = c.row.ticket, attempt, "sweep: retrying DeleteItem");
+            attempt += 1;
+        }
+    }
+}
+
+impl Sweeper {
+    /// Empties a dead seat (the counter stays), only if it still holds the entry we read.
+    async fn vacate_dead(
+        &self,
+        c: &Candidate,
+        cutoff: i64,
+        deadline: Option<Instant>,
+    ) -> Result<RowOutcome, Failure> {
+        let mut names: HashMap<String, String> = schema::SEAT_ATTRIBUTES
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
+            .collect();
+        let remove: Vec<String> = names.keys().cloned().collect();
+        names.insert("#owner".into(), schema::OWNER.into());
+        names.insert("#rvn".into(), schema::RVN.into());
+        names.insert("#until".into(), schema::LEASE_UNTIL_MS.into());
+        let mut attempt = 0;
+        loop {
+            let result = self
+                .store
+                .client()
+                .update_item()
+                .table_name(self.store.table())
+                .key(PK, s(&c.key))
+                .key(SK, s(COUNTER_SK))
+                .update_expression(format!("REMOVE {}", remove.join(", ")))
+                .condition_expression(DELETE_CONDITION)
+                .set_expression_attribute_names(Some(names.clone()))
+                .expression_attribute_values(":owner", s(&c.row.owner))
+                .expression_attribute_values(":rvn", s(&c.row.rvn))
+                .expression_attribute_values(":cutoff", n(cutoff))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            let failure = match result {
+                Ok(_) => return Ok(RowOutcome::Deleted),
+                Err(e) => match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(f)) => {
+                        let same_owner = f
+                            .item()
+                            .and_then(|i| i.get(schema::OWNER))
+                            .is_some_and(|o| o.as_s().is_ok_and(|o| *o == c.row.owner));
+                        return Ok(if same_owner {
+                            RowOutcome::Revived
+                        } else {
+                            RowOutcome::AlreadyGone
+                        });
+                    }
+                    _ => self.store.classify("UpdateItem", e),
+                },
+            };
+            if matches!(failure, Failure::Fatal(_)) || !self.pause(attempt, deadline).await {
+                return Err(failure);
+            }
+            tracing::debug!(key = %c.key, ticket = c.row.ticket, attempt, "sweep: retrying UpdateItem");
             attempt += 1;
         }
     }
@@ -408,6 +480,6 @@ mod tests {
         ] {
             assert!(names.values().any(|v| v == attr), "{attr}");
         }
-        assert!(FILTER.contains("begins_with(#sk, :q)"));
+        assert!(FILTER.contains("begins_with(#sk, :q) OR #sk = :counter"));
     }
 }
