@@ -6,23 +6,24 @@
 //! acquire ──►│ read: Query(pk) ──► counter L, queue ──► stale rows ahead? delete if rvn same │
 //!            │        │ live row ahead and wait = 0 ──► Busy (1 request, nothing written)     │
 //!            ▼        ▼                                                                       │
-//!  TransactWriteItems [ counter: last L→L+1 if last = L ;  put q#L+1 if absent ]  ◄──────────┘
-//!            │ counter moved ─► (from hint: read again) (from read: wait = 0 ⇒ Busy, else retry L')
-//!            │ ok, queue was clear ─► granted
-//!            ▼ ok, someone ahead
-//!  poll: Query(pk) every `poll` (backing off while the queue stands still); delete stale rows ahead
-//!  conditionally; granted when no live row is ahead; give up at the wait deadline
-//!  (delete our row).
+//!   queue empty: UpdateItem counter [ last L→L+1, seat = us ] if last = L and seat empty ◄────┘
+//!                  ─► granted (the counter's seat: see `schema`)
+//!   someone ahead: TransactWriteItems [ counter: last L→L+1 if last = L ; put q#L+1 if absent ]
+//!            │ counter moved ─► (from hint: read again) (from read: wait = 0 ⇒ Busy, else queue as L')
+//!            ▼
+//!  look below our row (one read unit), paced by place and hold time; delete stale entries ahead
+//!  conditionally; granted when no live entry is ahead; give up at the wait deadline (delete our
+//!  row).
 //! ```
 //!
-//! **Requests.** Uncontended, a cold client needs 3 per cycle (Query, TransactWriteItems,
-//! DeleteItem). A client that released the key last time remembers the ticket it released as a
-//! *hint*: every row with a lower ticket was gone when it was granted, and rows with lower tickets
-//! can never appear later (issuance and insertion are one transaction), so if the counter still
-//! stands at that ticket the queue is empty. It then skips the read and conditions the transaction
-//! on it: 2 requests per cycle, the floor that non-FIFO locks reach, without giving up FIFO (a
-//! waiter that enqueued meanwhile has moved the counter, so the hint fails and we queue behind).
-//! A skip decision (`wait = 0`, key held) costs 1 request (2 with a stale hint).
+//! **Requests.** Uncontended, a cold client needs 3 per cycle (Query, UpdateItem to take the
+//! seat, UpdateItem to vacate it). A client that released the key last time remembers the ticket
+//! it released as a *hint*: every row with a lower ticket was gone when it was granted, and rows
+//! with lower tickets can never appear later (issuance and insertion are one write), so if the
+//! counter still stands at that ticket the queue is empty. It then skips the read and conditions
+//! the seat on it: 2 single-item writes per cycle, what a plain conditional-put lock pays, without
+//! giving up FIFO (a waiter that enqueued meanwhile has moved the counter, so the hint fails and we
+//! queue behind). A skip decision (`wait = 0`, key held) costs 1 request (2 with a stale hint).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -704,7 +705,11 @@ impl Attempt<'_> {
                     // An earlier request of ours for this ticket landed late (its expected
                     // counter came back). Its lease is not the one we would believe in: remove
                     // it, and read the queue again.
-                    tracing::info!(key = self.key, ticket, "an earlier enqueue of ours landed late; removing it and queueing again");
+                    tracing::info!(
+                        key = self.key,
+                        ticket,
+                        "an earlier enqueue of ours landed late; removing it and queueing again"
+                    );
                     let seat = p.request.seat;
                     delete_with_retry(&self.locker.store, &*clock, self.key, ticket, seat, &owner)
                         .await?;

@@ -24,6 +24,10 @@ pub struct QueueEntry {
     /// holder's first heartbeat after its grant (a hold shorter than a heartbeat interval that
     /// waited first never shows one).
     pub acquired_at_ms: Option<i64>,
+    /// The entry is the counter's seat (an uncontended grant), not a row of its own: deleting
+    /// it by hand means deleting the counter item.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub seat: bool,
     /// Details for people.
     #[serde(flatten)]
     pub holder: HolderInfo,
@@ -63,6 +67,7 @@ impl QueueEntry {
                     lease_left_ms,
                     enqueued_at_ms: r.enqueued_at_ms,
                     acquired_at_ms: r.acquired_at_ms,
+                    seat: r.seat,
                     holder: r.holder,
                 }
             })

@@ -24,8 +24,8 @@ use futures::future::BoxFuture;
 use crate::error::{BoxError, Error};
 use crate::schema::{self, n, s, PK};
 use crate::storage::{
-    counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal, Request,
-    Response, StaleDelete, Storage,
+    counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal,
+    Request, Response, StaleDelete, Storage,
 };
 
 /// A lock table in DynamoDB, reached through `client`.
@@ -585,9 +585,8 @@ pub(crate) fn seat_refused(
 /// request's version ([`Enqueue::AlreadyOurs`]), or one an earlier request of ours wrote
 /// ([`Enqueue::OursOlder`]).
 fn ours(r: &EnqueueRequest, item: &crate::storage::Item) -> Option<Enqueue> {
-    let text = |it: &crate::storage::Item, name: &str| {
-        it.get(name).and_then(|v| v.as_s().ok()).cloned()
-    };
+    let text =
+        |it: &crate::storage::Item, name: &str| it.get(name).and_then(|v| v.as_s().ok()).cloned();
     if text(item, schema::OWNER).as_deref() != Some(r.owner.as_str()) {
         return None;
     }

@@ -224,7 +224,8 @@ async fn only_dead_rows_are_deleted_and_a_second_sweep_is_a_no_op() {
     assert!(summary.complete);
     assert!(summary.resume.is_empty());
     assert!(summary.pages >= 7, "3,010 items in pages of 500");
-    assert_eq!(summary.items_examined, 3000 + 10 + 10);
+    // 3,000 idle counters, ten rows' counters, nine rows: "held" sits in its counter's seat.
+    assert_eq!(summary.items_examined, 3000 + 10 + 9);
     assert_eq!(summary.counters_skipped, 0, "the filter drops counters");
     let expected: BTreeSet<_> = (0..5).map(|i| (format!("dead-{i}"), 4)).collect();
     assert_eq!(listed(&summary, RowOutcome::Deleted), expected);
@@ -241,8 +242,12 @@ async fn only_dead_rows_are_deleted_and_a_second_sweep_is_a_no_op() {
             .is_some());
     }
     assert!(env.exists("recent", &queue_sk(2)).await.is_some());
-    assert!(env.exists("held", &queue_sk(1)).await.is_some());
-    assert_eq!(env.census().await, (3000 + 10, 5));
+    let held = env.exists("held", schema::COUNTER_SK).await.unwrap();
+    assert!(
+        held.contains_key(schema::OWNER),
+        "the live seat was vacated"
+    );
+    assert_eq!(env.census().await, (3000 + 10, 4));
 
     let again = env.sweeper().sweep(&SweepOptions::default()).await.unwrap();
     assert_eq!((again.dead, again.deleted), (0, 0), "{again:#?}");
@@ -368,9 +373,11 @@ async fn a_real_heartbeat_beats_the_sweepers_delete() {
     };
     let guard = locker.acquire("lagging", &opts).await.unwrap();
     let (sweeper, proxy) = env.proxied_sweeper().await;
+    // Uncontended, the holder sits in the counter's seat: the sweeper vacates it with an
+    // UpdateItem (the holder's own heartbeats do not go through this proxy).
     proxy.add_rule(
         Rule::new(Fault::DelayRequest(Duration::from_secs(2)))
-            .on("DeleteItem")
+            .on("UpdateItem")
             .body_contains("\"lagging\"")
             .times(1),
     );
@@ -381,12 +388,69 @@ async fn a_real_heartbeat_beats_the_sweepers_delete() {
         (1, 0, 1),
         "{summary:#?}"
     );
-    assert!(env.exists("lagging", &queue_sk(1)).await.is_some());
+    let seat = env.exists("lagging", schema::COUNTER_SK).await.unwrap();
+    assert_eq!(seat.get(schema::OWNER), Some(&s(guard.owner())));
     assert!(!guard.is_lost());
     assert_eq!(
         guard.release().await.unwrap(),
         flightlock::ReleaseOutcome::Released
     );
+}
+
+/// A dead holder of a counter's seat is removed by vacating the seat: the counter and its
+/// `last` stay (tickets keep rising), a live seat is left alone, and a second sweep finds
+/// nothing.
+#[tokio::test]
+async fn a_dead_seat_is_vacated_and_its_counter_kept() {
+    let env = Env::new("sweep_seat").await;
+    let t = now();
+    for (key, until) in [("dead-seat", t - 2 * HOUR_MS), ("live-seat", t + 60_000)] {
+        let row = NewRow {
+            key,
+            ticket: 7,
+            owner: &format!("o-{key}"),
+            lease_until_ms: until,
+            lease_ms: 20_000,
+            expires_at: 0,
+            clock_free: false,
+            rvn: "rvn-1",
+            now_ms: until - 20_000,
+            granted: true,
+            holder: &HolderInfo::default(),
+        }
+        .to_item();
+        let mut item = counter(key, 7);
+        item.insert(schema::LAST_OWNER.into(), s(&format!("o-{key}:7")));
+        for (name, value) in schema::seat_attributes(&row) {
+            item.insert(name.to_owned(), value.clone());
+        }
+        env.client
+            .put_item()
+            .table_name(&env.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+    }
+    let summary = env.sweeper().sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!((summary.dead, summary.deleted), (1, 1), "{summary:#?}");
+    let expected = BTreeSet::from([("dead-seat".to_owned(), 7)]);
+    assert_eq!(listed(&summary, RowOutcome::Deleted), expected);
+    let vacated = env.exists("dead-seat", schema::COUNTER_SK).await.unwrap();
+    assert!(!vacated.contains_key(schema::OWNER), "{vacated:?}");
+    assert_eq!(vacated.get(schema::LAST), Some(&n(7)));
+    let live = env.exists("live-seat", schema::COUNTER_SK).await.unwrap();
+    assert!(live.contains_key(schema::OWNER));
+    // The next acquisition of the vacated key takes a ticket above the dead holder's.
+    let locker = Locker::new(env.client.clone(), &env.table);
+    let g = locker
+        .acquire("dead-seat", &LockOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(g.token(), 8);
+    g.release().await.unwrap();
+    let again = env.sweeper().sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!((again.dead, again.deleted), (0, 0), "{again:#?}");
 }
 
 /// The sweeper's injected clock decides: far ahead, every queue row is dead but counters stay;

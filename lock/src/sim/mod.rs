@@ -1093,7 +1093,11 @@ async fn operator(
                 drop(table);
                 ctx.note(format!(
                     "OPERATOR deletes {} {key} t{}",
-                    if row.seat { "the seated counter" } else { "row" },
+                    if row.seat {
+                        "the seated counter"
+                    } else {
+                        "row"
+                    },
                     row.ticket
                 ));
                 // Its owner, holding or waiting, can only learn at its next heartbeat (a waiter

@@ -246,7 +246,10 @@ impl Table {
             } => {
                 let counter = self.get(key, COUNTER_SK);
                 let outcome = match counter.and_then(|c| string(c, schema::RVN)) {
-                    Some(r) if r == rvn || self.mutation == Some(Mutation::UnconditionalStaleDelete) => {
+                    Some(r)
+                        if r == rvn
+                            || self.mutation == Some(Mutation::UnconditionalStaleDelete) =>
+                    {
                         self.vacate(key, now, Some(Remover::Waiter));
                         StaleDelete::Deleted
                     }
@@ -472,8 +475,7 @@ impl Table {
             .as_ref()
             .is_some_and(|c| !c.contains_key(schema::OWNER));
         if !(counter_ok && empty) {
-            return crate::store::seat_refused(r, counter.as_ref())
-                .map(Response::Enqueue);
+            return crate::store::seat_refused(r, counter.as_ref()).map(Response::Enqueue);
         }
         let by = schema::last_owner(&r.owner, r.ticket);
         self.set_counter(&r.key, r.ticket, Some(&by), now);

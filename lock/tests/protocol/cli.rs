@@ -101,12 +101,18 @@ async fn a_lock_lost_while_running_is_reported_and_fails_the_run() {
     c.stderr(Stdio::piped());
     let child = c.spawn().unwrap();
     until_queue_len(&env, "job", 1).await;
-    let ticket = env.queue("job").await[0].ticket;
+    let holder = env.queue("job").await.remove(0);
+    // The holder's entry: its row, or the counter if it sits in the seat.
+    let sk = if holder.seat {
+        "counter".to_owned()
+    } else {
+        format!("q#{:020}", holder.ticket)
+    };
     env.client
         .delete_item()
         .table_name(&env.table)
         .key("pk", AttributeValue::S("job".into()))
-        .key("sk", AttributeValue::S(format!("q#{ticket:020}")))
+        .key("sk", AttributeValue::S(sk))
         .send()
         .await
         .unwrap();

@@ -4,10 +4,11 @@
 //! operator changes in the middle of an enqueue, TTL at any moment) are explored by the
 //! simulation (`lock/src/sim`), which also shows each of these fixes undone being caught.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use flightlock::{ClockSkew, Error, LockOptions, Wait};
+use flightlock::{ClockSkew, Error, LockGuard, LockOptions, Locker, Wait};
 use flightlock_testkit::{Fault, Rule};
 use tokio::time::Instant;
 
@@ -40,6 +41,53 @@ async fn set_counter(env: &Env, key: &str, last: u64) {
         .unwrap();
 }
 
+fn sk(item: &HashMap<String, AttributeValue>) -> &str {
+    item.get("sk")
+        .and_then(|v| v.as_s().ok())
+        .map_or("", String::as_str)
+}
+
+/// The item of key `k` holding `owner`'s queue entry: its row `q#<ticket>`, or the counter when
+/// the entry is the counter's seat.
+async fn entry_item(env: &Env, owner: &str) -> HashMap<String, AttributeValue> {
+    let items = env.items("k").await;
+    items
+        .iter()
+        .find(|i| {
+            i.get("owner")
+                .and_then(|v| v.as_s().ok())
+                .map(String::as_str)
+                == Some(owner)
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no entry of {owner} in {items:?}"))
+}
+
+/// `locker` acquires `k` while `first` holds it, so it queues a row `q#<ticket>` with the
+/// enqueue transaction (an uncontended acquisition takes the counter's seat instead); `first` is
+/// released once the row is in, and the returned guard holds the key through its row.
+async fn acquire_behind(
+    env: &Env,
+    first: LockGuard,
+    locker: Locker,
+    opts: LockOptions,
+) -> LockGuard {
+    assert_eq!(
+        sk(&entry_item(env, first.owner()).await),
+        "counter",
+        "the first holder is not seated"
+    );
+    let waiter = tokio::spawn(async move { locker.acquire("k", &opts).await });
+    until_queue_len(env, "k", 2).await;
+    first.release().await.unwrap();
+    let g = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        sk(&entry_item(env, g.owner()).await),
+        format!("q#{:020}", g.token())
+    );
+    g
+}
+
 fn short_wait() -> LockOptions {
     LockOptions {
         wait: Wait::For(Duration::from_millis(700)),
@@ -48,13 +96,18 @@ fn short_wait() -> LockOptions {
 }
 
 /// Defect 1: an operator deletes the counter while the key is held. A new contender used to read
-/// `last = 0`, take ticket 1, see no row below it and be granted beside the holder.
+/// no counter (`last = 0`), take ticket 1, see no row below it and be granted beside the holder.
+/// The holder holds through a queue row (it waited behind another holder): deleting the counter
+/// while the *seat* holds the key deletes the holder's entry itself, an operator mistake like
+/// deleting a live row, which no protocol survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_counter_never_grants_past_the_holder() {
     let env = Env::new("ctrdel").await;
-    let a = env.locker().await.acquire("k", &fast()).await.unwrap();
-    // Some history, so the holder's ticket is well above 1.
-    assert!(a.token() >= 1);
+    let first = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let a = acquire_behind(&env, first, env.locker().await, fast()).await;
+    // Some history, so the holder's ticket is above 1: a contender that started again from
+    // `last = 0` would take a ticket below the holder's row and see nothing ahead of it.
+    assert!(a.token() > 1, "token {}", a.token());
     delete_counter(&env, "k").await;
     let b = env.locker().await;
     let err = b.acquire("k", &short_wait()).await.unwrap_err();
@@ -69,7 +122,9 @@ async fn a_deleted_counter_never_grants_past_the_holder() {
 
 /// Defect 1, the other way: the counter set back below the queue. A ticket that collides with a
 /// queued row used to spin on a retryable error for the whole wait; now the contender reads again
-/// and takes a ticket above every row.
+/// and takes a ticket above every row. The holder holds through a queue row (it waited behind
+/// another holder): setting the counter back by hand with a `PutItem` would otherwise overwrite
+/// the seat, and there would be no row above the counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lowered_counter_takes_a_ticket_above_the_queue() {
     let env = Env::new("ctrlow").await;
@@ -83,7 +138,8 @@ async fn a_lowered_counter_takes_a_ticket_above_the_queue() {
             .await
             .unwrap();
     }
-    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let first = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let holder = acquire_behind(&env, first, env.locker().await, fast()).await;
     let held = holder.token();
     set_counter(&env, "k", held - 1).await;
     let b = env.locker().await;
@@ -91,6 +147,7 @@ async fn a_lowered_counter_takes_a_ticket_above_the_queue() {
     let err = b.acquire("k", &short_wait()).await.unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(!holder.is_lost());
     holder.release().await.unwrap();
     let g = b.acquire("k", &short_wait()).await.unwrap();
     assert!(g.token() > held, "token {} after {held}", g.token());
@@ -100,19 +157,26 @@ async fn a_lowered_counter_takes_a_ticket_above_the_queue() {
 /// Defect 3: an enqueue whose answers are lost three times (every SDK attempt) is retried by the
 /// lock itself. It used to rebuild the row (new `rvn`, new lease) under the same
 /// `ClientRequestToken`: DynamoDB refuses that with `IdempotentParameterMismatch`. One token, one
-/// byte-identical request: the retry is answered from the first commit.
+/// byte-identical request: the retry is answered from the first commit. The key is held, so the
+/// acquisition queues a row with the transaction (an uncontended one takes the counter's seat,
+/// with no transaction and no token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_enqueue_resends_the_same_request() {
     let env = Env::new("sametoken").await;
+    let first = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let ahead = first.token();
     let (a, proxy) = env.proxied_locker().await;
     proxy.add_rule(
         Rule::new(Fault::DropResponse)
             .on("TransactWriteItems")
             .times(3),
     );
-    let g = a.acquire("k", &fast()).await.unwrap();
+    let g = acquire_behind(&env, first, a.clone(), fast()).await;
     assert_eq!(proxy.faults_applied(), 3);
     assert!(proxy.count("TransactWriteItems") >= 4);
+    // The first commit's ticket: a retry that wrote again (or removed its own earlier row and
+    // queued anew) would hold a later one.
+    assert_eq!(g.token(), ahead + 1);
     let q = env.queue("k").await;
     assert_eq!(q.len(), 1, "{q:?}");
     assert_eq!(q[0].owner, g.owner());
@@ -137,25 +201,23 @@ async fn a_late_heartbeat_never_rolls_the_lease_back() {
     })
     .await;
     let a = flightlock::Locker::new(client, &env.table);
-    // The first heartbeat and its two SDK retries arrive 1.2 s late, after newer heartbeats.
+    // Uncontended, the holder is in the counter's seat: its heartbeats are `UpdateItem`s of the
+    // counter. The rule is added once the seat is taken (taking it is an `UpdateItem` too), so
+    // the first heartbeat and its two SDK retries arrive 1.2 s late, after newer heartbeats.
+    let g = a.acquire("k", &fast()).await.unwrap();
     proxy.add_rule(
         Rule::new(Fault::DelayRequest(Duration::from_millis(1200)))
             .on("UpdateItem")
             .times(3),
     );
-    let g = a.acquire("k", &fast()).await.unwrap();
     let mut last = 0;
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until {
-        let items = env.items("k").await;
-        let row = items
-            .iter()
-            .find(|i| i.get("sk").and_then(|v| v.as_s().ok()) != Some(&"counter".to_owned()));
-        if let Some(row) = row {
-            let lease: i64 = row["leaseUntilMs"].as_n().unwrap().parse().unwrap();
-            assert!(lease >= last, "lease rolled back from {last} to {lease}");
-            last = lease;
-        }
+        let entry = entry_item(&env, g.owner()).await;
+        assert_eq!(sk(&entry), "counter", "{entry:?}");
+        let lease: i64 = entry["leaseUntilMs"].as_n().unwrap().parse().unwrap();
+        assert!(lease >= last, "lease rolled back from {last} to {lease}");
+        last = lease;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
@@ -205,10 +267,18 @@ async fn clock_free_skip_passes_a_dead_holder_over() {
 
 /// Defect 6: an acquisition dropped while its enqueue transaction is in flight (a timeout, a
 /// signal) used to leave a row behind that nobody heartbeats: every later caller waited a lease.
+/// First behind a holder (the enqueue transaction, a queue row), then on a free key (the
+/// counter's seat, an `UpdateItem`): neither leaves an entry behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_enqueue_leaves_no_row() {
     let env = Env::new("cancelenq").await;
+    let skip = LockOptions {
+        wait: Wait::NoWait,
+        ..fast()
+    };
     let (a, proxy) = env.proxied_locker().await;
+    // Queued behind a holder: the row is written, its answer is late, the caller gives up.
+    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
     proxy.add_rule(
         Rule::new(Fault::DelayResponse(Duration::from_millis(800)))
             .on("TransactWriteItems")
@@ -216,15 +286,44 @@ async fn a_cancelled_enqueue_leaves_no_row() {
     );
     let cancelled = tokio::time::timeout(Duration::from_millis(300), a.acquire("k", &fast())).await;
     assert!(cancelled.is_err(), "the acquisition was not cancelled");
+    assert_eq!(
+        proxy.faults_applied(),
+        1,
+        "no enqueue transaction was in flight"
+    );
+    a.flush().await;
+    let q = env.queue("k").await;
+    assert_eq!(q.len(), 1, "left behind: {q:?}");
+    assert_eq!(q[0].owner, holder.owner(), "{q:?}");
+    // And the key is free as soon as the holder releases: one that does not wait gets it (a
+    // row left behind would stay live for a lease and make it busy).
+    holder.release().await.unwrap();
+    let g = env.locker().await.acquire("k", &skip).await.unwrap();
+    g.release().await.unwrap();
+
+    // On a free key: the seat is taken, its answer is late, the caller gives up.
+    proxy.clear_rules();
+    proxy.add_rule(
+        Rule::new(Fault::DelayResponse(Duration::from_millis(800)))
+            .on("UpdateItem")
+            .times(1),
+    );
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), a.acquire("k", &fast())).await;
+    assert!(cancelled.is_err(), "the acquisition was not cancelled");
+    assert_eq!(proxy.faults_applied(), 2, "no seat update was in flight");
     a.flush().await;
     let q = env.queue("k").await;
     assert!(q.is_empty(), "left behind: {q:?}");
-    // And the key is free at once for the next caller: one that does not wait gets it (a row
-    // left behind would stay live for a lease and make it busy).
-    let skip = LockOptions {
-        wait: Wait::NoWait,
-        ..fast()
-    };
+    let counter = env
+        .items("k")
+        .await
+        .into_iter()
+        .find(|i| sk(i) == "counter")
+        .unwrap();
+    assert!(
+        !counter.contains_key("owner"),
+        "the seat is still taken: {counter:?}"
+    );
     let g = env.locker().await.acquire("k", &skip).await.unwrap();
     g.release().await.unwrap();
 }
@@ -275,7 +374,9 @@ async fn a_malformed_row_is_named_with_the_way_out() {
 /// Defect 2: clock-free mode was not clock-free for a *holder*: `expiresAt` and the sweeper's
 /// cutoff come from the writer's wall clock, so a holder whose clock ran behind by more than the
 /// sweeper's grace (10 min) or the TTL grace had its live row deleted, and a clock-free waiter was
-/// then granted beside it. Clock-free rows now carry `clockFree` and get 24 h of grace.
+/// then granted beside it. Clock-free rows now carry `clockFree` and get 24 h of grace. Both
+/// kinds of entry are checked: the counter's seat (an uncontended holder: no `expiresAt` at all)
+/// and a queue row (a holder that waited first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_free_holder_two_hours_behind_keeps_its_row() {
     let env = Env::new("cfbehind").await;
@@ -283,19 +384,38 @@ async fn a_clock_free_holder_two_hours_behind_keeps_its_row() {
         clock_skew: ClockSkew::Unbounded,
         ..fast()
     };
-    let behind = env
-        .locker()
-        .await
-        .with_clock(std::sync::Arc::new(flightlock::SkewedClock {
-            offset_ms: -2 * 3_600_000,
-        }));
-    let holder = behind.acquire("k", &clock_free).await.unwrap();
+    let behind = || async {
+        env.locker()
+            .await
+            .with_clock(std::sync::Arc::new(flightlock::SkewedClock {
+                offset_ms: -2 * 3_600_000,
+            }))
+    };
+    let sweep = || async {
+        flightlock::Sweeper::new(env.client.clone(), &env.table)
+            .sweep(&flightlock::SweepOptions::default())
+            .await
+            .unwrap()
+    };
+
+    // In the seat. TTL: the counter carries no `expiresAt`, so TTL never removes the entry.
+    let seated = behind().await.acquire("k", &clock_free).await.unwrap();
+    let entry = entry_item(&env, seated.owner()).await;
+    assert_eq!(sk(&entry), "counter", "{entry:?}");
+    assert!(!entry.contains_key("expiresAt"), "{entry:?}");
+    // The sweeper with its default 10-minute grace leaves the seat alone.
+    let summary = sweep().await;
+    assert_eq!(summary.deleted, 0, "{summary:?}");
+    assert_eq!(summary.still_live, 1, "{summary:?}");
+    assert_eq!(
+        entry_item(&env, seated.owner()).await["owner"],
+        entry["owner"]
+    );
+
+    // In a queue row (granted after waiting behind the seat).
+    let holder = acquire_behind(&env, seated, behind().await, clock_free.clone()).await;
     // TTL: DynamoDB compares expiresAt with the true time; it must be far enough ahead.
-    let items = env.items("k").await;
-    let row = items
-        .iter()
-        .find(|i| i.get("sk").and_then(|v| v.as_s().ok()) != Some(&"counter".to_owned()))
-        .unwrap();
+    let row = entry_item(&env, holder.owner()).await;
     let expires: i64 = row["expiresAt"].as_n().unwrap().parse().unwrap();
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -307,10 +427,7 @@ async fn a_clock_free_holder_two_hours_behind_keeps_its_row() {
         expires - now_s
     );
     // The sweeper with its default 10-minute grace leaves the row alone.
-    let summary = flightlock::Sweeper::new(env.client.clone(), &env.table)
-        .sweep(&flightlock::SweepOptions::default())
-        .await
-        .unwrap();
+    let summary = sweep().await;
     assert_eq!(summary.deleted, 0, "{summary:?}");
     assert_eq!(summary.still_live, 1, "{summary:?}");
     // And a clock-free waiter is not granted while the holder lives.

@@ -1,8 +1,7 @@
 //! Errors a user must act on: they name the problem and the fix.
 
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
 use flightlock::{table, Error, Locker};
 
@@ -62,14 +61,26 @@ async fn bad_keys_are_rejected_not_truncated() {
 #[tokio::test]
 async fn a_millisecond_ttl_in_a_row_is_reported_by_name() {
     let env = Env::new("msttl").await;
+    // The holder sits in the counter's seat (no TTL there); a waiter's row behind it carries
+    // a TTL written in milliseconds by some other client.
     let g = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let row = flightlock::schema::NewRow {
+        key: "k",
+        ticket: g.token() + 1,
+        owner: "someone-else",
+        lease_until_ms: 1_700_000_000_000,
+        lease_ms: 1500,
+        expires_at: 1_700_000_000_000,
+        clock_free: false,
+        rvn: "r1",
+        now_ms: 1_700_000_000_000,
+        granted: false,
+        holder: &flightlock::schema::HolderInfo::default(),
+    };
     env.client
-        .update_item()
+        .put_item()
         .table_name(&env.table)
-        .key("pk", AttributeValue::S("k".into()))
-        .key("sk", AttributeValue::S(format!("q#{:020}", g.token())))
-        .update_expression("SET expiresAt = :e")
-        .expression_attribute_values(":e", AttributeValue::N("1700000000000".into()))
+        .set_item(Some(row.to_item()))
         .send()
         .await
         .unwrap();

@@ -1,20 +1,142 @@
 //! Faults injected where they happen, by a proxy in front of DynamoDB: delayed requests and
 //! responses (the late-enqueue race), dropped responses of committed writes (ambiguous writes),
 //! duplicates, throttling and 5xx.
+//!
+//! An enqueue is one of two writes: an uncontended acquisition takes the counter's seat (one
+//! conditional `UpdateItem` of the counter), a waiter puts its row with the enqueue transaction
+//! (`TransactWriteItems`). Each fault is tried on both: on the seat with the key free, and on the
+//! transaction with another locker holding the key first.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use flightlock::{Error, LockOptions, ReleaseOutcome, Wait};
-use flightlock_testkit::{Fault, Rule};
+use aws_sdk_dynamodb::types::AttributeValue;
+use flightlock::schema::{COUNTER_SK, LAST, OWNER, QUEUE_PREFIX, SK, TICKET};
+use flightlock::{Error, LockGuard, LockOptions, Locker, ReleaseOutcome, Wait};
+use flightlock_testkit::{Fault, FaultProxy, Rule};
 
 use crate::common::*;
 
-/// A (through the proxy, with `fault` on its first enqueue) and B race for the key.
-async fn race_with_fault(name: &str, fault: Fault) -> Probe {
+type Item = HashMap<String, AttributeValue>;
+
+// Bodies of the counter's `UpdateItem`s, told apart by their expressions (a rule on one of them
+// that stops matching never fires, and the `faults_applied` assertions fail).
+/// Taking the seat: the only write conditioned on an empty seat.
+const SEAT_TAKE: &str = "attribute_not_exists(#seat)";
+/// A heartbeat, of the seat or of a row.
+const HEARTBEAT: &str = "#until <= :until";
+/// Vacating the seat (our release).
+const VACATE: &str = "REMOVE ";
+
+/// The guard holds the key from the counter's seat.
+const SEAT: bool = true;
+/// The guard holds the key from a queue row.
+const ROW: bool = false;
+
+/// A rule on the seat's take.
+fn on_seat_take(fault: Fault) -> Rule {
+    Rule::new(fault).on("UpdateItem").body_contains(SEAT_TAKE)
+}
+
+/// A rule on the enqueue transaction (a waiter's enqueue).
+fn on_transaction(fault: Fault) -> Rule {
+    Rule::new(fault).on("TransactWriteItems")
+}
+
+fn queue_rows(items: &[Item]) -> usize {
+    items
+        .iter()
+        .filter(|i| i[SK].as_s().unwrap().starts_with(QUEUE_PREFIX))
+        .count()
+}
+
+fn counter_item(items: &[Item]) -> &Item {
+    items
+        .iter()
+        .find(|i| i[SK].as_s().unwrap() == COUNTER_SK)
+        .expect("the key has no counter")
+}
+
+/// The counter's `last`.
+fn counter(items: &[Item]) -> String {
+    counter_item(items)[LAST].as_n().unwrap().clone()
+}
+
+/// The seat's (owner, ticket), or `None` if it is empty.
+fn seat(items: &[Item]) -> Option<(String, String)> {
+    let c = counter_item(items);
+    c.get(OWNER)
+        .map(|o| (o.as_s().unwrap().clone(), c[TICKET].as_n().unwrap().clone()))
+}
+
+/// Asserts that `g` holds the key from the counter's seat with ticket 1, that the counter moved
+/// once and that no queue row was written.
+async fn assert_seated_once(env: &Env, g: &LockGuard) {
+    let items = env.items("k").await;
+    assert_eq!(
+        queue_rows(&items),
+        0,
+        "an uncontended acquisition wrote a row"
+    );
+    assert_eq!(counter(&items), "1", "the seat was taken with two tickets");
+    assert_eq!(
+        seat(&items),
+        Some((g.owner().to_owned(), "1".to_owned())),
+        "the seat is not ours"
+    );
+    assert_eq!(g.token(), 1);
+}
+
+/// Asserts that the key is free again: seat empty, no rows, the counter where it was.
+async fn assert_free(env: &Env, last: &str) {
+    let items = env.items("k").await;
+    assert_eq!(seat(&items), None, "the seat was not vacated");
+    assert_eq!(queue_rows(&items), 0);
+    assert_eq!(counter(&items), last);
+}
+
+/// Another locker (not proxied) takes the key first: it holds the seat, ticket 1.
+async fn holder(env: &Env) -> LockGuard {
+    let g = env.locker().await.acquire("k", &fast()).await.unwrap();
+    assert_eq!(g.token(), 1);
+    g
+}
+
+/// `locker` acquires the key behind `holder` (so it enqueues with the transaction), and gets it
+/// once the holder has released.
+async fn acquire_behind(env: &Env, holder: LockGuard, locker: &Locker) -> LockGuard {
+    let waiter = locker.clone();
+    let task = tokio::spawn(async move { waiter.acquire("k", &fast()).await.unwrap() });
+    until_queue_len(env, "k", 2).await;
+    assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
+    task.await.unwrap()
+}
+
+/// A (through the proxy, with `fault` on its first enqueue) and B race for the key. `contended`:
+/// H holds the key first and releases it while A's enqueue is still late, so A's enqueue is the
+/// transaction; otherwise the key is free and A's enqueue takes the seat.
+async fn race_with_fault(name: &str, fault: Fault, contended: bool) -> Probe {
     let env = Env::new(name).await;
-    let (a, proxy) = env.proxied_locker().await;
-    proxy.add_rule(Rule::new(fault).on("TransactWriteItems").times(1));
     let probe = Probe::default();
+    let h = if contended {
+        let g = holder(&env).await;
+        probe.enter("h", g.token());
+        let ph = probe.clone();
+        Some(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await; // B is queued by now
+            ph.leave();
+            g.release().await.unwrap();
+        }))
+    } else {
+        None
+    };
+    let (a, proxy) = env.proxied_locker().await;
+    let rule = if contended {
+        on_transaction(fault)
+    } else {
+        on_seat_take(fault)
+    };
+    proxy.add_rule(rule.times(1));
     let pa = probe.clone();
     let ta = tokio::spawn(async move {
         let g = a.acquire("k", &fast()).await.unwrap();
@@ -23,7 +145,7 @@ async fn race_with_fault(name: &str, fault: Fault) -> Probe {
         pa.leave();
         g.release().await.unwrap();
     });
-    tokio::time::sleep(Duration::from_millis(150)).await; // A's transaction is in the proxy now
+    tokio::time::sleep(Duration::from_millis(150)).await; // A's enqueue is in the proxy now
     let b = env.locker().await;
     let g = b.acquire("k", &fast()).await.unwrap();
     probe.enter("b", g.token());
@@ -31,83 +153,154 @@ async fn race_with_fault(name: &str, fault: Fault) -> Probe {
     probe.leave();
     g.release().await.unwrap();
     ta.await.unwrap();
-    assert_eq!(proxy.faults_applied(), 1);
+    if let Some(h) = h {
+        h.await.unwrap();
+    }
+    assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
     assert!(env.queue("k").await.is_empty());
     probe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_response_delayed_after_the_write() {
-    // A's write happened; its answer is late. B must queue behind A's row, not jump ahead.
-    let probe = race_with_fault("lateresp", Fault::DelayResponse(Duration::from_millis(900))).await;
+    // A took the seat; its answer is late. B must queue behind A's seat, not jump ahead.
+    let delay = Fault::DelayResponse(Duration::from_millis(900));
+    let probe = race_with_fault("lateresp", delay, false).await;
     assert!(!probe.overlapped(), "two holders");
     assert_eq!(probe.order(), ["a", "b"]);
     assert_strictly_increasing(&probe.tokens());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_enqueue_response_delayed_after_the_write_behind_a_holder() {
+    // A's row is in (behind H); its answer is late. When H leaves, B must queue behind A's row.
+    let delay = Fault::DelayResponse(Duration::from_millis(900));
+    let probe = race_with_fault("lateresph", delay, true).await;
+    assert!(!probe.overlapped(), "two holders");
+    assert_eq!(probe.order(), ["h", "a", "b"]);
+    assert_strictly_increasing(&probe.tokens());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_request_delayed_before_the_write() {
-    // A's write arrives after B took the next ticket: A's transaction must fail and A must queue
-    // behind B, never insert a lower ticket.
-    let probe = race_with_fault("latereq", Fault::DelayRequest(Duration::from_millis(900))).await;
+    // A's seat take arrives after B took the seat (and maybe left it): A's write must fail and A
+    // must queue behind B, never take the seat with a lower ticket.
+    let delay = Fault::DelayRequest(Duration::from_millis(900));
+    let probe = race_with_fault("latereq", delay, false).await;
     assert!(!probe.overlapped(), "two holders");
     assert_eq!(probe.order(), ["b", "a"]);
     assert_strictly_increasing(&probe.tokens());
 }
 
-fn queue_rows(
-    items: &[std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>],
-) -> usize {
-    items
-        .iter()
-        .filter(|i| i["sk"].as_s().unwrap().starts_with("q#"))
-        .count()
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_enqueue_request_delayed_before_the_write_behind_a_holder() {
+    // A's transaction arrives after B took the next ticket: it must fail and A must queue behind
+    // B, never insert a lower ticket.
+    let delay = Fault::DelayRequest(Duration::from_millis(900));
+    let probe = race_with_fault("latereqh", delay, true).await;
+    assert!(!probe.overlapped(), "two holders");
+    assert_eq!(probe.order(), ["h", "b", "a"]);
+    assert_strictly_increasing(&probe.tokens());
 }
 
-fn counter(
-    items: &[std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>],
-) -> String {
-    items
-        .iter()
-        .find(|i| i["sk"].as_s().unwrap() == "counter")
-        .unwrap()["last"]
-        .as_n()
-        .unwrap()
-        .clone()
+/// Lost answers of one enqueue: as many as the SDK makes attempts (standard retry mode, 3), so
+/// the locker's own retry is exercised too, not only the SDK's.
+const LOST_ANSWERS: u32 = 3;
+
+#[tokio::test]
+async fn a_seat_take_whose_response_is_lost_is_retried_idempotently() {
+    // The seat take has no ClientRequestToken: a retry's condition fails on our own seat, which
+    // must be recognised as ours (same owner and rvn), not taken for a holder ahead.
+    let env = Env::new("ambigseat").await;
+    let (locker, proxy) = env.proxied_locker().await;
+    let lost = u64::from(LOST_ANSWERS);
+    proxy.add_rule(on_seat_take(Fault::DropResponse).times(LOST_ANSWERS));
+    let g = locker.acquire("k", &fast()).await.unwrap();
+    assert_eq!(proxy.faults_applied(), lost, "{:?}", proxy.counts());
+    assert!(proxy.count("UpdateItem") > lost, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("TransactWriteItems"), 0, "{:?}", proxy.counts());
+    assert_seated_once(&env, &g).await;
+    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_free(&env, "1").await;
 }
 
 #[tokio::test]
 async fn an_enqueue_whose_response_is_lost_is_retried_idempotently() {
+    // Behind a holder the enqueue is the transaction: its retries (same ClientRequestToken, and
+    // our row recognised as ours) must not write a second row or take a second ticket.
     let env = Env::new("ambig").await;
+    let h = holder(&env).await;
     let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(
-        Rule::new(Fault::DropResponse)
-            .on("TransactWriteItems")
-            .times(1),
-    );
-    let g = locker.acquire("k", &fast()).await.unwrap();
-    assert_eq!(proxy.faults_applied(), 1);
+    let lost = u64::from(LOST_ANSWERS);
+    proxy.add_rule(on_transaction(Fault::DropResponse).times(LOST_ANSWERS));
+    let g = acquire_behind(&env, h, &locker).await;
+    assert_eq!(proxy.faults_applied(), lost, "{:?}", proxy.counts());
     assert!(
-        proxy.count("TransactWriteItems") >= 2,
+        proxy.count("TransactWriteItems") > lost,
         "{:?}",
         proxy.counts()
     );
     let items = env.items("k").await;
     assert_eq!(queue_rows(&items), 1, "a retried enqueue wrote two rows");
-    assert_eq!(counter(&items), "1", "a retried enqueue took two tickets");
-    assert_eq!(g.token(), 1);
+    assert_eq!(counter(&items), "2", "a retried enqueue took two tickets");
+    assert_eq!(seat(&items), None);
+    assert_eq!(g.token(), 2);
     assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_free(&env, "2").await;
+}
+
+#[tokio::test]
+async fn duplicated_seat_take_writes_once() {
+    let env = Env::new("dupseat").await;
+    let (locker, proxy) = env.proxied_locker().await;
+    proxy.add_rule(on_seat_take(Fault::Duplicate).times(1));
+    let g = locker.acquire("k", &fast()).await.unwrap();
+    assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
+    assert_seated_once(&env, &g).await;
+    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_free(&env, "1").await;
 }
 
 #[tokio::test]
 async fn duplicated_enqueue_writes_once() {
     let env = Env::new("dup").await;
+    let h = holder(&env).await;
     let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(Rule::new(Fault::Duplicate).on("TransactWriteItems"));
-    let g = locker.acquire("k", &fast()).await.unwrap();
+    proxy.add_rule(on_transaction(Fault::Duplicate).times(1));
+    let g = acquire_behind(&env, h, &locker).await;
+    assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
     let items = env.items("k").await;
-    assert_eq!((queue_rows(&items), counter(&items)), (1, "1".to_string()));
+    assert_eq!((queue_rows(&items), counter(&items)), (1, "2".to_string()));
+    assert_eq!(g.token(), 2);
     g.release().await.unwrap();
+}
+
+/// The release of the seat (vacating it) or of a row (deleting it).
+fn on_release(fault: Fault, seat: bool) -> Rule {
+    if seat {
+        Rule::new(fault).on("UpdateItem").body_contains(VACATE)
+    } else {
+        Rule::new(fault).on("DeleteItem")
+    }
+}
+
+/// Drops the answers of three heartbeats and of the release of `g` (held through `proxy`, from
+/// the seat or from a row).
+async fn drop_heartbeats_and_release(g: LockGuard, seat: bool, proxy: &FaultProxy) {
+    let release = on_release(Fault::DropResponse, seat);
+    let heartbeats = Rule::new(Fault::DropResponse)
+        .on("UpdateItem")
+        .body_contains(HEARTBEAT);
+    proxy.add_rule(heartbeats.times(3));
+    tokio::time::sleep(fast().heartbeat.unwrap() * 5).await;
+    assert_eq!(proxy.faults_applied(), 3, "{:?}", proxy.counts());
+    assert!(
+        !g.is_lost(),
+        "an ambiguous heartbeat was taken for a lost lock"
+    );
+    proxy.add_rule(release.times(1));
+    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(proxy.faults_applied(), 4, "{:?}", proxy.counts());
 }
 
 #[tokio::test]
@@ -115,16 +308,39 @@ async fn lost_heartbeat_and_release_responses_are_not_losses() {
     let env = Env::new("ambighb").await;
     let (locker, proxy) = env.proxied_locker().await;
     let g = locker.acquire("k", &fast()).await.unwrap();
-    proxy.add_rule(Rule::new(Fault::DropResponse).on("UpdateItem").times(3));
-    tokio::time::sleep(fast().heartbeat.unwrap() * 5).await;
-    assert_eq!(proxy.faults_applied(), 3, "{:?}", proxy.counts());
-    assert!(
-        !g.is_lost(),
-        "an ambiguous heartbeat was taken for a lost lock"
+    assert_seated_once(&env, &g).await;
+    drop_heartbeats_and_release(g, SEAT, &proxy).await;
+    assert_free(&env, "1").await;
+}
+
+#[tokio::test]
+async fn lost_heartbeat_and_release_responses_of_a_row_are_not_losses() {
+    let env = Env::new("ambighbrow").await;
+    let h = holder(&env).await;
+    let (locker, proxy) = env.proxied_locker().await;
+    let g = acquire_behind(&env, h, &locker).await;
+    assert_eq!(g.token(), 2);
+    assert_eq!(queue_rows(&env.items("k").await), 1);
+    drop_heartbeats_and_release(g, ROW, &proxy).await;
+    assert_free(&env, "2").await;
+}
+
+/// Throttles `g`'s heartbeats and fails (5xx) its release (held through `proxy`, from the seat
+/// or from a row), and checks that they were retried.
+async fn fail_heartbeats_and_release(g: LockGuard, seat: bool, proxy: &FaultProxy) {
+    let release = on_release(Fault::ServerError, seat);
+    let before = proxy.faults_applied();
+    proxy.add_rule(
+        Rule::new(Fault::Throttle)
+            .on("UpdateItem")
+            .body_contains(HEARTBEAT)
+            .times(2),
     );
-    proxy.add_rule(Rule::new(Fault::DropResponse).on("DeleteItem").times(1));
+    proxy.add_rule(release.times(2));
+    tokio::time::sleep(fast().heartbeat.unwrap() * 3).await;
+    assert!(!g.is_lost());
     assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
-    assert_eq!(queue_rows(&env.items("k").await), 0);
+    assert_eq!(proxy.faults_applied() - before, 4, "{:?}", proxy.counts());
 }
 
 #[tokio::test]
@@ -132,19 +348,27 @@ async fn throttling_and_server_errors_are_retried() {
     let env = Env::new("throttle").await;
     let (locker, proxy) = env.proxied_locker().await;
     proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
-    proxy.add_rule(
-        Rule::new(Fault::ServerError)
-            .on("TransactWriteItems")
-            .times(4),
-    );
-    proxy.add_rule(Rule::new(Fault::Throttle).on("UpdateItem").times(2));
-    proxy.add_rule(Rule::new(Fault::ServerError).on("DeleteItem").times(2));
+    proxy.add_rule(on_seat_take(Fault::ServerError).times(4));
     let g = locker.acquire("k", &fast()).await.unwrap();
-    tokio::time::sleep(fast().heartbeat.unwrap() * 3).await;
-    assert!(!g.is_lost());
-    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
-    assert_eq!(proxy.faults_applied(), 12, "{:?}", proxy.counts());
-    assert_eq!(queue_rows(&env.items("k").await), 0);
+    assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
+    assert_seated_once(&env, &g).await;
+    fail_heartbeats_and_release(g, SEAT, &proxy).await;
+    assert_free(&env, "1").await;
+}
+
+#[tokio::test]
+async fn throttling_and_server_errors_of_a_waiter_are_retried() {
+    let env = Env::new("throttlew").await;
+    let h = holder(&env).await;
+    let (locker, proxy) = env.proxied_locker().await;
+    proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
+    proxy.add_rule(on_transaction(Fault::ServerError).times(4));
+    let g = acquire_behind(&env, h, &locker).await;
+    assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
+    assert_eq!(g.token(), 2);
+    assert_eq!(queue_rows(&env.items("k").await), 1);
+    fail_heartbeats_and_release(g, ROW, &proxy).await;
+    assert_free(&env, "2").await;
 }
 
 #[tokio::test]
