@@ -43,14 +43,20 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
             EntryState::Waiting => "waiting",
             EntryState::Stale => "stale",
         };
-        let who: Vec<String> = [
-            ("fn", &e.holder.function),
-            ("host", &e.holder.host),
-            ("req", &e.holder.request_id),
-        ]
-        .into_iter()
-        .filter_map(|(l, v)| v.as_ref().map(|v| format!("{l}={v}")))
-        .collect();
+        // A seated entry lives on the counter item (an uncontended grant): not a row to delete.
+        let seat = e.seat.then(|| "(counter's seat)".to_owned());
+        let who: Vec<String> = seat
+            .into_iter()
+            .chain(
+                [
+                    ("fn", &e.holder.function),
+                    ("host", &e.holder.host),
+                    ("req", &e.holder.request_id),
+                ]
+                .into_iter()
+                .filter_map(|(l, v)| v.as_ref().map(|v| format!("{l}={v}"))),
+            )
+            .collect();
         println!(
             "{:<8} {:<8} {:<20} {:>9.1}s  {}",
             e.ticket,
