@@ -146,7 +146,10 @@ fn cleanup_may_scan_and_delete_exactly_what_the_sweeper_calls() {
     files.extend(rust_files(&root.join("lock/src/sweep"), &[]));
     files.extend(rust_files(&root.join("functions/cleanup/src"), &[]));
     let required = required_by_files(&files).unwrap();
-    assert_eq!(required, set(&["dynamodb:DeleteItem", "dynamodb:Scan"]));
+    assert_eq!(
+        required,
+        set(&["dynamodb:DeleteItem", "dynamodb:Scan", "dynamodb:UpdateItem"])
+    );
     let granted = granted_actions(
         &t,
         properties(&t, "CleanupFunction", FUNCTION).unwrap(),
@@ -177,7 +180,8 @@ fn lock_users_may_do_exactly_what_the_lock_code_calls() {
     files.extend(rust_files(&root.join("functions/demo-rust/src"), &[]));
     let required = required_by_files(&files).unwrap();
     // The protocol: one consistent Query to read, TransactWriteItems (Update counter + Put row)
-    // to enqueue, UpdateItem to heartbeat, DeleteItem to release and to remove dead rows.
+    // to enqueue, UpdateItem to take, heartbeat and vacate the counter's seat and to heartbeat
+    // rows, DeleteItem to release and to remove dead rows.
     for a in [
         "dynamodb:Query",
         "dynamodb:PutItem",
