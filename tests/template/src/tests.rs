@@ -148,7 +148,11 @@ fn cleanup_may_scan_and_delete_exactly_what_the_sweeper_calls() {
     let required = required_by_files(&files).unwrap();
     assert_eq!(
         required,
-        set(&["dynamodb:DeleteItem", "dynamodb:Scan", "dynamodb:UpdateItem"])
+        set(&[
+            "dynamodb:DeleteItem",
+            "dynamodb:Scan",
+            "dynamodb:UpdateItem"
+        ])
     );
     let granted = granted_actions(
         &t,
