@@ -514,10 +514,14 @@ fn contention_rows(
         .collect();
     handoffs.sort();
     // A self-handoff: the same contender holds twice in a row while others were waiting. All
-    // contenders are always queued in this loop, except at the very end: those are left out.
+    // contenders are always queued in this loop, except at the very start and end: the end is
+    // left out, and the start is told by the tickets (below).
     let last_start = g.last().map_or(Instant::now(), |x| x.2) - Duration::from_millis(500);
     let considered: Vec<_> = g.windows(2).filter(|w| w[1].2 < last_start).collect();
-    let selfs = considered.iter().filter(|w| w[0].1 == w[1].1).count();
+    // With tickets, a releaser granted the very next ticket took one nobody else had asked for
+    // (at the start, before the others' first requests land): no one was waiting, no barging.
+    let barged = |w: &&&[Grant]| w[0].1 == w[1].1 && !(w[0].0 > 0 && w[1].0 == w[0].0 + 1);
+    let selfs = considered.iter().filter(barged).count();
     let mut per: HashMap<usize, f64> = HashMap::new();
     for x in g {
         *per.entry(x.1).or_default() += 1.0;
