@@ -483,9 +483,12 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         background.clone(),
     ));
     let horizon = Instant::now() + Duration::from_secs(600);
-    for (w, task) in workers.iter().zip(tasks) {
+    for (w, mut task) in workers.iter().zip(tasks) {
         let left = horizon.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(left, task).await.is_err() {
+        if tokio::time::timeout(left, &mut task).await.is_err() {
+            // Stopped, so a stuck participant does not go on polling through the drain below
+            // (simulated hours: a broken protocol's run took minutes of real time).
+            task.abort();
             ctx.violation(format!(
                 "liveness: {} did not finish its cycles within 10 minutes after faults stopped",
                 w.who

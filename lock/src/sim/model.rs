@@ -209,11 +209,18 @@ impl Table {
         if self.partition(key).is_empty() {
             self.wiped.insert(key.to_owned());
         }
-        if let (Some(by), Some(ticket), Some(lease), Some(rvn)) = (
-            by,
-            num(&stored.item, schema::TICKET),
-            num(&stored.item, schema::LEASE_MS),
-            string(&stored.item, schema::RVN),
+        if let Some(by) = by {
+            self.record_removal(key, &stored.item, by, now);
+        }
+        Some(stored.item)
+    }
+
+    /// Records the removal of a queue entry (a row, or the seat on `item`) by `by`.
+    fn record_removal(&mut self, key: &str, item: &Item, by: Remover, now: Instant) {
+        if let (Some(ticket), Some(lease), Some(rvn)) = (
+            num(item, schema::TICKET),
+            num(item, schema::LEASE_MS),
+            string(item, schema::RVN),
         ) {
             self.removals.push(Removal {
                 key: key.to_owned(),
@@ -224,7 +231,6 @@ impl Table {
                 lease: Duration::from_millis(u64::try_from(lease).unwrap_or(0)),
             });
         }
-        Some(stored.item)
     }
 
     /// Applies one request at server instant `now`.
@@ -492,20 +498,8 @@ impl Table {
         let Some(mut counter) = self.get(key, COUNTER_SK).cloned() else {
             return;
         };
-        if let (Some(by), Some(ticket), Some(lease), Some(rvn)) = (
-            by,
-            num(&counter, schema::TICKET),
-            num(&counter, schema::LEASE_MS),
-            string(&counter, schema::RVN),
-        ) {
-            self.removals.push(Removal {
-                key: key.to_owned(),
-                ticket: u64::try_from(ticket).unwrap_or(0),
-                rvn: rvn.to_owned(),
-                by,
-                at: now,
-                lease: Duration::from_millis(u64::try_from(lease).unwrap_or(0)),
-            });
+        if let Some(by) = by {
+            self.record_removal(key, &counter, by, now);
         }
         for name in schema::SEAT_ATTRIBUTES {
             counter.remove(name);
