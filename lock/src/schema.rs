@@ -90,6 +90,30 @@ pub const SEAT_ATTRIBUTES: [&str; 11] = [
     HOST,
 ];
 
+/// The expression placeholder of a seat attribute (`#a0`, `#a1`, …, in [`SEAT_ATTRIBUTES`]
+/// order). Requests that vacate the seat name every attribute by these, conditions included, so
+/// no attribute has two placeholders.
+pub fn seat_placeholder(attribute: &str) -> String {
+    let i = SEAT_ATTRIBUTES
+        .iter()
+        .position(|a| *a == attribute)
+        .unwrap_or(SEAT_ATTRIBUTES.len());
+    format!("#a{i}")
+}
+
+/// The placeholders of every seat attribute, and the `REMOVE` expression that empties the seat.
+pub fn seat_placeholders() -> (HashMap<String, String>, String) {
+    let names: HashMap<String, String> = SEAT_ATTRIBUTES
+        .iter()
+        .map(|a| (seat_placeholder(a), (*a).to_owned()))
+        .collect();
+    let remove: Vec<String> = SEAT_ATTRIBUTES
+        .iter()
+        .map(|a| seat_placeholder(a))
+        .collect();
+    (names, format!("REMOVE {}", remove.join(", ")))
+}
+
 /// The seat's attributes of a new row item: every attribute but `pk`, `sk` and `expiresAt`.
 pub fn seat_attributes(row: &HashMap<String, AttributeValue>) -> Vec<(&str, &AttributeValue)> {
     let mut attrs: Vec<(&str, &AttributeValue)> = row
@@ -485,6 +509,23 @@ mod tests {
         assert!(queue_sk(9) < queue_sk(10));
         assert!(queue_sk(u64::MAX) > queue_sk(u64::MAX - 1));
         assert!(COUNTER_SK < queue_sk(0).as_str());
+    }
+
+    #[test]
+    fn seat_attributes_have_one_placeholder_each() {
+        let (names, remove) = seat_placeholders();
+        assert_eq!(names.len(), SEAT_ATTRIBUTES.len());
+        let attributes: std::collections::BTreeSet<&String> = names.values().collect();
+        assert_eq!(attributes.len(), SEAT_ATTRIBUTES.len(), "{names:?}");
+        for a in SEAT_ATTRIBUTES {
+            let p = seat_placeholder(a);
+            assert_eq!(names.get(&p).map(String::as_str), Some(a));
+            assert!(remove.contains(&p), "{remove}");
+        }
+        assert!(
+            !SEAT_ATTRIBUTES.contains(&EXPIRES_AT),
+            "TTL must never remove a counter"
+        );
     }
 
     #[test]

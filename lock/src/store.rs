@@ -201,13 +201,24 @@ impl Dynamo {
     async fn take_seat(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
         let (update, mut names, mut values) = counter_move(r);
         let mut update = update;
+        // One placeholder per attribute: the condition names the seat's `owner` by the same one
+        // the update sets it with.
+        let mut owner = None;
         for (i, (name, value)) in schema::seat_attributes(&r.row).into_iter().enumerate() {
             update.push_str(&format!(", #a{i} = :a{i}"));
             names.insert(format!("#a{i}"), name.to_owned());
             values.insert(format!(":a{i}"), value.clone());
+            if name == schema::OWNER {
+                owner = Some(format!("#a{i}"));
+            }
         }
-        names.insert("#seat".into(), schema::OWNER.into());
-        let condition = format!("{} AND attribute_not_exists(#seat)", counter_condition(r));
+        let Some(owner) = owner else {
+            return Err(Failure::Fatal(Error::Dynamo {
+                operation: "UpdateItem",
+                source: "a seat request without an owner attribute".into(),
+            }));
+        };
+        let condition = format!("{} AND attribute_not_exists({owner})", counter_condition(r));
         let result = self
             .client
             .update_item()
@@ -418,21 +429,15 @@ impl Dynamo {
         attribute: &str,
         value: aws_sdk_dynamodb::types::AttributeValue,
     ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
-        let mut names: HashMap<String, String> = schema::SEAT_ATTRIBUTES
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
-            .collect();
-        let remove: Vec<String> = (0..schema::SEAT_ATTRIBUTES.len())
-            .map(|i| format!("#a{i}"))
-            .collect();
-        names.insert("#v".into(), attribute.to_owned());
+        let (names, remove) = schema::seat_placeholders();
+        // One placeholder per attribute: the condition uses the one the removal does.
+        let condition = format!("{} = :v", schema::seat_placeholder(attribute));
         self.client
             .update_item()
             .table_name(&*self.table)
             .set_key(Some(counter_key(key)))
-            .update_expression(format!("REMOVE {}", remove.join(", ")))
-            .condition_expression("#v = :v")
+            .update_expression(remove)
+            .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .expression_attribute_values(":v", value)
     }

@@ -374,15 +374,12 @@ impl Sweeper {
         cutoff: i64,
         deadline: Option<Instant>,
     ) -> Result<RowOutcome, Failure> {
-        let mut names: HashMap<String, String> = schema::SEAT_ATTRIBUTES
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (format!("#a{i}"), (*a).to_owned()))
-            .collect();
-        let remove: Vec<String> = names.keys().cloned().collect();
-        names.insert("#owner".into(), schema::OWNER.into());
-        names.insert("#rvn".into(), schema::RVN.into());
-        names.insert("#until".into(), schema::LEASE_UNTIL_MS.into());
+        // DELETE_CONDITION, in the placeholders the removal uses (one per attribute).
+        let (names, remove) = schema::seat_placeholders();
+        let condition = DELETE_CONDITION
+            .replace("#owner", &schema::seat_placeholder(schema::OWNER))
+            .replace("#rvn", &schema::seat_placeholder(schema::RVN))
+            .replace("#until", &schema::seat_placeholder(schema::LEASE_UNTIL_MS));
         let mut attempt = 0;
         loop {
             let result = self
@@ -392,8 +389,8 @@ impl Sweeper {
                 .table_name(self.store.table())
                 .key(PK, s(&c.key))
                 .key(SK, s(COUNTER_SK))
-                .update_expression(format!("REMOVE {}", remove.join(", ")))
-                .condition_expression(DELETE_CONDITION)
+                .update_expression(remove.clone())
+                .condition_expression(condition.clone())
                 .set_expression_attribute_names(Some(names.clone()))
                 .expression_attribute_values(":owner", s(&c.row.owner))
                 .expression_attribute_values(":rvn", s(&c.row.rvn))

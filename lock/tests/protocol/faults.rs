@@ -22,7 +22,7 @@ type Item = HashMap<String, AttributeValue>;
 // Bodies of the counter's `UpdateItem`s, told apart by their expressions (a rule on one of them
 // that stops matching never fires, and the `faults_applied` assertions fail).
 /// Taking the seat: the only write conditioned on an empty seat.
-const SEAT_TAKE: &str = "attribute_not_exists(#seat)";
+const SEAT_TAKE: &str = "attribute_not_exists(#a";
 /// A heartbeat, of the seat or of a row.
 const HEARTBEAT: &str = "#until <= :until";
 /// Vacating the seat (our release).
