@@ -199,26 +199,21 @@ impl Dynamo {
     /// on the counter as read and an empty seat. A retry of an attempt that landed finds the seat
     /// ours ([`Enqueue::AlreadyOurs`]); any other refusal reports the counter as it is.
     async fn take_seat(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
-        let (update, mut names, mut values) = counter_move(r);
-        let mut update = update;
-        // One placeholder per attribute: the condition names the seat's `owner` by the same one
-        // the update sets it with.
-        let mut owner = None;
-        for (i, (name, value)) in schema::seat_attributes(&r.row).into_iter().enumerate() {
-            update.push_str(&format!(", #a{i} = :a{i}"));
-            names.insert(format!("#a{i}"), name.to_owned());
-            values.insert(format!(":a{i}"), value.clone());
-            if name == schema::OWNER {
-                owner = Some(format!("#a{i}"));
-            }
+        let (mut update, mut names, mut values) = counter_move(r);
+        // The seat's attributes under their one placeholder each (`schema::seat_placeholder`),
+        // which the condition uses too. A new row always carries `owner`.
+        for (name, value) in schema::seat_attributes(&r.row) {
+            let placeholder = schema::seat_placeholder(name);
+            let value_placeholder = placeholder.replacen('#', ":", 1);
+            update.push_str(&format!(", {placeholder} = {value_placeholder}"));
+            names.insert(placeholder, name.to_owned());
+            values.insert(value_placeholder, value.clone());
         }
-        let Some(owner) = owner else {
-            return Err(Failure::Fatal(Error::Dynamo {
-                operation: "UpdateItem",
-                source: "a seat request without an owner attribute".into(),
-            }));
-        };
-        let condition = format!("{} AND attribute_not_exists({owner})", counter_condition(r));
+        let condition = format!(
+            "{} AND attribute_not_exists({})",
+            counter_condition(r),
+            schema::seat_placeholder(schema::OWNER)
+        );
         let result = self
             .client
             .update_item()

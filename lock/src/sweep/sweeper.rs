@@ -311,117 +311,114 @@ impl Sweeper {
         }
     }
 
-    /// Deletes one dead row, only if it is still the row we read.
+    /// Removes one dead entry (deletes its row, or vacates its seat), only if it is still the
+    /// entry we read, retrying transient failures within the budget.
     async fn delete_dead(
         &self,
         c: &Candidate,
         cutoff: i64,
         deadline: Option<Instant>,
     ) -> Result<RowOutcome, Failure> {
-        if c.row.seat {
-            return self.vacate_dead(c, cutoff, deadline).await;
-        }
+        let operation = if c.row.seat {
+            "UpdateItem"
+        } else {
+            "DeleteItem"
+        };
         let mut attempt = 0;
         loop {
-            let result = self
-                .store
-                .client()
-                .delete_item()
-                .table_name(self.store.table())
-                .key(PK, s(&c.key))
-                .key(SK, s(&queue_sk(c.row.ticket)))
-                .condition_expression(DELETE_CONDITION)
-                .expression_attribute_names("#owner", schema::OWNER)
-                .expression_attribute_names("#rvn", schema::RVN)
-                .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
-                .expression_attribute_values(":owner", s(&c.row.owner))
-                .expression_attribute_values(":rvn", s(&c.row.rvn))
-                .expression_attribute_values(":cutoff", n(cutoff))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .send()
-                .await;
-            let failure = match result {
-                Ok(_) => return Ok(RowOutcome::Deleted),
-                Err(e) => match e.as_service_error() {
-                    Some(DeleteItemError::ConditionalCheckFailedException(f)) => {
-                        return Ok(match f.item() {
-                            // Still there but no longer the row we read: heartbeated.
-                            Some(_) => RowOutcome::Revived,
-                            // Absent. (A retried delete whose first attempt succeeded but whose
-                            // response was lost also lands here: gone either way.)
-                            None => RowOutcome::AlreadyGone,
-                        });
-                    }
-                    _ => self.store.classify("DeleteItem", e),
-                },
+            let attempted = if c.row.seat {
+                self.vacate_dead(c, cutoff).await
+            } else {
+                self.delete_dead_row(c, cutoff).await
+            };
+            let failure = match attempted {
+                Ok(outcome) => return Ok(outcome),
+                Err(f) => f,
             };
             if matches!(failure, Failure::Fatal(_)) || !self.pause(attempt, deadline).await {
                 return Err(failure);
             }
-            tracing::debug!(key = %c.key, ticket = c.row.ticket, attempt, "sweep: retrying DeleteItem");
+            tracing::debug!(key = %c.key, ticket = c.row.ticket, attempt, operation, "sweep: retrying");
             attempt += 1;
         }
     }
-}
 
-impl Sweeper {
-    /// Empties a dead seat (the counter stays), only if it still holds the entry we read.
-    async fn vacate_dead(
-        &self,
-        c: &Candidate,
-        cutoff: i64,
-        deadline: Option<Instant>,
-    ) -> Result<RowOutcome, Failure> {
-        // DELETE_CONDITION, in the placeholders the removal uses (one per attribute).
+    /// One conditional `DeleteItem` of a dead row.
+    async fn delete_dead_row(&self, c: &Candidate, cutoff: i64) -> Result<RowOutcome, Failure> {
+        let result = self
+            .store
+            .client()
+            .delete_item()
+            .table_name(self.store.table())
+            .key(PK, s(&c.key))
+            .key(SK, s(&queue_sk(c.row.ticket)))
+            .condition_expression(DELETE_CONDITION)
+            .expression_attribute_names("#owner", schema::OWNER)
+            .expression_attribute_names("#rvn", schema::RVN)
+            .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
+            .expression_attribute_values(":owner", s(&c.row.owner))
+            .expression_attribute_values(":rvn", s(&c.row.rvn))
+            .expression_attribute_values(":cutoff", n(cutoff))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(RowOutcome::Deleted),
+            Err(e) => match e.as_service_error() {
+                Some(DeleteItemError::ConditionalCheckFailedException(f)) => Ok(match f.item() {
+                    // Still there but no longer the row we read: heartbeated.
+                    Some(_) => RowOutcome::Revived,
+                    // Absent. (A retried delete whose first attempt succeeded but whose
+                    // response was lost also lands here: gone either way.)
+                    None => RowOutcome::AlreadyGone,
+                }),
+                _ => Err(self.store.classify("DeleteItem", e)),
+            },
+        }
+    }
+
+    /// One `UpdateItem` that empties a dead seat (the counter stays), only if it still holds the
+    /// entry we read: [`DELETE_CONDITION`] in the placeholders the removal uses (one per
+    /// attribute).
+    async fn vacate_dead(&self, c: &Candidate, cutoff: i64) -> Result<RowOutcome, Failure> {
         let (names, remove) = schema::seat_placeholders();
         let condition = DELETE_CONDITION
             .replace("#owner", &schema::seat_placeholder(schema::OWNER))
             .replace("#rvn", &schema::seat_placeholder(schema::RVN))
             .replace("#until", &schema::seat_placeholder(schema::LEASE_UNTIL_MS));
-        let mut attempt = 0;
-        loop {
-            let result = self
-                .store
-                .client()
-                .update_item()
-                .table_name(self.store.table())
-                .key(PK, s(&c.key))
-                .key(SK, s(COUNTER_SK))
-                .update_expression(remove.clone())
-                .condition_expression(condition.clone())
-                .set_expression_attribute_names(Some(names.clone()))
-                .expression_attribute_values(":owner", s(&c.row.owner))
-                .expression_attribute_values(":rvn", s(&c.row.rvn))
-                .expression_attribute_values(":cutoff", n(cutoff))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .send()
-                .await;
-            let failure = match result {
-                Ok(_) => return Ok(RowOutcome::Deleted),
-                Err(e) => match e.as_service_error() {
-                    Some(UpdateItemError::ConditionalCheckFailedException(f)) => {
-                        let same_owner = f
-                            .item()
-                            .and_then(|i| i.get(schema::OWNER))
-                            .is_some_and(|o| o.as_s().is_ok_and(|o| *o == c.row.owner));
-                        return Ok(if same_owner {
-                            RowOutcome::Revived
-                        } else {
-                            RowOutcome::AlreadyGone
-                        });
-                    }
-                    _ => self.store.classify("UpdateItem", e),
-                },
-            };
-            if matches!(failure, Failure::Fatal(_)) || !self.pause(attempt, deadline).await {
-                return Err(failure);
-            }
-            tracing::debug!(key = %c.key, ticket = c.row.ticket, attempt, "sweep: retrying UpdateItem");
-            attempt += 1;
+        let result = self
+            .store
+            .client()
+            .update_item()
+            .table_name(self.store.table())
+            .key(PK, s(&c.key))
+            .key(SK, s(COUNTER_SK))
+            .update_expression(remove)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .expression_attribute_values(":owner", s(&c.row.owner))
+            .expression_attribute_values(":rvn", s(&c.row.rvn))
+            .expression_attribute_values(":cutoff", n(cutoff))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(RowOutcome::Deleted),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(f)) => {
+                    // Still our entry, heartbeated; or the seat is empty or someone else's.
+                    let same_owner = f
+                        .item()
+                        .and_then(|i| i.get(schema::OWNER))
+                        .is_some_and(|o| o.as_s().is_ok_and(|o| *o == c.row.owner));
+                    Ok(if same_owner {
+                        RowOutcome::Revived
+                    } else {
+                        RowOutcome::AlreadyGone
+                    })
+                }
+                _ => Err(self.store.classify("UpdateItem", e)),
+            },
         }
     }
 }
