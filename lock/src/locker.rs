@@ -798,23 +798,26 @@ impl Attempt<'_> {
                 .iter()
                 .map(|item| QueueRow::entry(self.key, item))
                 .collect::<Result<Vec<_>, _>>()?;
-            for (i, entry) in entries.iter().cloned().enumerate() {
+            for (i, entry) in entries.iter().enumerate() {
                 if first {
                     first = false;
-                    if entry.is_some_and(|r| r.ticket == m.ticket && *r.owner == *m.owner) {
+                    if entry
+                        .as_ref()
+                        .is_some_and(|r| r.ticket == m.ticket && *r.owner == *m.owner)
+                    {
                         continue;
                     }
                     return Ok(Look::Removed);
                 }
                 let Some(row) = entry else { continue };
-                if self.alive(&row).await? {
+                if self.alive(row).await? {
                     // Entries read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more. The counter is not one:
                     // counted, it put every waiter a place further back than it is, and the
                     // pacing then slept a whole hold too long (handoff p50 7 → 15 ms).
                     let ahead = entries[i..].iter().flatten().count() + usize::from(next.is_some());
                     return Ok(Look::Behind {
-                        row: Box::new(row),
+                        row: Box::new(row.clone()),
                         ahead,
                         adjacent: true,
                     });
