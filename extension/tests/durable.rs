@@ -19,6 +19,7 @@ use flightlock::config::KeyTemplate;
 use flightlock::{ClockSkew, EntryState, Locker};
 use support::{get, respond, Event, FakeRuntimeApi, NEXT};
 
+// Illustrative execution ARNs: flightlock treats the value as an opaque string.
 const ARN_A: &str =
     "arn:aws:lambda:us-east-1:123456789012:function:orders:1/durable-execution/order-42/3f1c";
 const ARN_B: &str =
