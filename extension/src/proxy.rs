@@ -9,8 +9,18 @@
 //!                                          then GET next again while the runtime keeps waiting
 //! runtime ── POST {id}/response|error ──► proxy ──► upstream (streamed, trailers kept)
 //!                           └─ after the body has gone upstream and it answered: release, done
+//! runtime ── GET restore/next ──► proxy ──► upstream (SnapStart: answered after a restore)
+//!                           └─ answered: renew the DynamoDB client and host id, then pass it on
 //! anything else ─────────────────────────► passed through unchanged (streamed)
 //! ```
+//!
+//! **SnapStart.** A runtime with SnapStart (Java, Python, .NET) asks `restore/next` once init is
+//! done; Lambda snapshots the environment while that request waits and answers it in each
+//! environment restored from the snapshot. Everything made before it is shared by every restored
+//! copy, so the proxy swaps in a renewed gate ([`Gate::renewed`]) before the runtime hears of the
+//! restore: a new DynamoDB client (the pooled connections belong to the snapshot's environment)
+//! and a new host id. Owner ids, record versions and jitter need nothing: they are drawn from
+//! the OS at each use (see `flightlock::clock`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -41,6 +51,7 @@ use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
+    TENANT_HEADER,
 };
 use crate::runtime_process::{self, Proc};
 
@@ -77,7 +88,11 @@ impl Default for Limits {
 pub struct Proxy {
     config: Arc<Config>,
     /// The decisions (shared with the in-process layer): key, lock, skip / error, release.
-    gate: Gate,
+    /// Replaced by a renewed one after a SnapStart restore; a decision under way keeps the gate
+    /// it started with.
+    gate: std::sync::RwLock<Gate>,
+    /// The metrics (the gate's; kept here too so a renewed gate needs no lock to count).
+    metrics: Metrics,
     invocations: Arc<Invocations>,
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
@@ -116,11 +131,12 @@ impl Proxy {
             .http1_preserve_header_case(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics);
+        let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics.clone());
         gate.check_table_in_background();
         Proxy {
             config,
-            gate,
+            gate: std::sync::RwLock::new(gate),
+            metrics,
             invocations,
             client,
             upstream,
@@ -163,14 +179,29 @@ impl Proxy {
         &self.invocations
     }
 
-    /// The locker.
-    pub fn locker(&self) -> &Locker {
-        self.gate.locker()
+    /// The gate in force (cheap to clone).
+    fn current_gate(&self) -> Gate {
+        self.gate.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The locker in force (a renewed one after a SnapStart restore).
+    pub fn locker(&self) -> Locker {
+        self.current_gate().locker().clone()
     }
 
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
-        self.gate.metrics()
+        &self.metrics
+    }
+
+    /// After a SnapStart restore: swaps in a gate with a new DynamoDB client (so new
+    /// connections) and a new host id (see the module docs). Invocations already holding a lock
+    /// keep theirs; there are none at a restore, which comes before the first invocation.
+    pub fn renew_after_restore(&self) {
+        let host = flightlock::gate::host_id();
+        let mut gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        *gate = gate.renewed(host.clone());
+        tracing::info!(%host, "restored from a snapshot: new DynamoDB client and host id");
     }
 
     /// Replaces the connection limits (tests use small ones).
@@ -244,6 +275,7 @@ impl Proxy {
         let response = match route(req.method(), req.uri().path()) {
             Route::Next => self.next(req).await,
             Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
+            Route::RestoreNext => self.restore_next(req).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
                 self.send(
@@ -257,6 +289,26 @@ impl Proxy {
             }
         };
         Ok(response.unwrap_or_else(bad_gateway))
+    }
+
+    /// `GET restore/next`: forwarded; once upstream answers (in a restored environment), the
+    /// gate is renewed before the runtime gets the answer, so its first invocation already
+    /// uses the new client.
+    async fn restore_next(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, BoxError> {
+        let (parts, body) = req.into_parts();
+        let resp = self
+            .send(
+                parts.method,
+                &parts.uri,
+                parts.headers,
+                parts.extensions,
+                boxed(body),
+            )
+            .await?;
+        if resp.status().is_success() {
+            self.renew_after_restore();
+        }
+        Ok(resp)
     }
 
     /// Sends a request upstream, streaming its body; the response streams back.

@@ -6,6 +6,11 @@ use http::Method;
 pub const REQUEST_ID_HEADER: &str = "lambda-runtime-aws-request-id";
 /// Invocation deadline, epoch milliseconds (on `GET .../invocation/next` responses).
 pub const DEADLINE_HEADER: &str = "lambda-runtime-deadline-ms";
+/// Tenant id of the invocation, on `GET .../invocation/next` responses of a function in tenant
+/// isolation mode (`TenantIsolationMode=PER_TENANT`; AWS Lambda developer guide, "Tenant
+/// isolation"; read as `lambda-runtime-aws-tenant-id` by aws-lambda-rust-runtime and
+/// aws-lambda-cpp).
+pub const TENANT_HEADER: &str = "lambda-runtime-aws-tenant-id";
 /// Error type of an invocation error (on `POST .../error`).
 pub const ERROR_TYPE_HEADER: &str = "lambda-runtime-function-error-type";
 /// The Runtime API version the proxy answers for.
@@ -20,6 +25,12 @@ pub enum Route {
     Response(String),
     /// `POST /2018-06-01/runtime/invocation/{id}/error`.
     Error(String),
+    /// `GET /2018-06-01/runtime/restore/next`: a SnapStart runtime, init done, waits for the
+    /// snapshot to be restored, and is answered (200) in each restored environment. Served only
+    /// when init is for a snapshot (the emulator's router in aws/aws-lambda-runtime-interface-
+    /// emulator; called by awslambdaric's `restore_next` and aws-lambda-java-libs'
+    /// `restoreNext`); AWS's SnapStart pages describe the language hooks around it.
+    RestoreNext,
     /// Anything else (`/runtime/init/error`, future paths): passed through unchanged.
     Other,
 }
@@ -29,6 +40,7 @@ pub fn route(method: &Method, path: &str) -> Route {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (method, parts.as_slice()) {
         (&Method::GET, [_version, "runtime", "invocation", "next"]) => Route::Next,
+        (&Method::GET, [_version, "runtime", "restore", "next"]) => Route::RestoreNext,
         (&Method::POST, [_version, "runtime", "invocation", id, "response"]) if !id.is_empty() => {
             Route::Response((*id).to_owned())
         }
@@ -74,6 +86,14 @@ mod tests {
         );
         assert_eq!(
             route(&Method::POST, "/2018-06-01/runtime/init/error"),
+            Route::Other
+        );
+        assert_eq!(
+            route(&Method::GET, "/2018-06-01/runtime/restore/next"),
+            Route::RestoreNext
+        );
+        assert_eq!(
+            route(&Method::POST, "/2018-06-01/runtime/restore/error"),
             Route::Other
         );
         assert_eq!(

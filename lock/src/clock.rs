@@ -7,10 +7,20 @@
 //!   paused and advanced.
 //!
 //! The clock is a seam: tests inject a [`SkewedClock`] to play a machine whose wall clock is off.
+//!
+//! **Chance comes from the OS on every draw.** One Lambda SnapStart snapshot is restored into
+//! many environments, and a `fork()` copies a process: anything a userspace generator holds is
+//! copied with it, so two copies would draw the same "random" owner ids and record versions and
+//! take each other's rows for their own. `rand` 0.9's `ThreadRng` has no fork protection (see
+//! its changelog), so [`Clock::random`] reads `getrandom` (through `rand`'s [`OsRng`]) each
+//! time: there is no generator state to copy. A draw costs one system call, a few per lock
+//! cycle.
 
 use std::fmt::Debug;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rand::rngs::OsRng;
+use rand::{RngCore, TryRngCore};
 use tokio::time::Instant;
 
 /// Source of wall and monotonic time, and of chance.
@@ -25,14 +35,32 @@ pub trait Clock: Send + Sync + Debug + 'static {
     fn now(&self) -> Instant {
         Instant::now()
     }
-    /// A random number (jitter, owner ids, record versions).
+    /// A random number (jitter, owner ids, record versions), fresh from the OS: see the module
+    /// docs for why no userspace generator is kept.
     fn random(&self) -> u64 {
-        rand::random()
+        os_random()
     }
     /// A random fraction in `[0, 1)`, for jitter.
     fn jitter(&self) -> f64 {
         // 53 random bits: every value is exact in an f64.
         (self.random() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// 64 bits from the OS (`getrandom`). Should the OS refuse (it does not on Linux once booted),
+/// the draw mixes a thread-local generator with what tells copies of a process apart (process id,
+/// wall-clock nanoseconds) rather than panic.
+pub fn os_random() -> u64 {
+    match OsRng.try_next_u64() {
+        Ok(n) => n,
+        Err(_) => {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            rand::rng().next_u64()
+                ^ nanos.rotate_left(17)
+                ^ u64::from(std::process::id()).rotate_left(43)
+        }
     }
 }
 

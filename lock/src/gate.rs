@@ -3,7 +3,7 @@
 //! Embedded Metric Format (EMF) metrics.
 //!
 //! ```text
-//! event bytes ─► key from the template ─┬─ error ─────────────► Failed(FlightlockKeyError)
+//! event bytes, tenant ─► key from the template ─┬─ error ──────► Failed(FlightlockKeyError)
 //!                                        └─ acquire, bounded by the invocation deadline
 //!                                            ├─ held ──────────► Acquired (heartbeating)
 //!                                            ├─ busy ──────────► Skipped(body) | Failed(FlightlockBusy)
@@ -238,6 +238,18 @@ impl Gate {
         }
     }
 
+    /// The same gate with a renewed locker (new DynamoDB client and connection pool, nothing
+    /// remembered; see [`Locker::renewed`]) and a new `host`: for a process that was restored
+    /// from a snapshot (SnapStart), whose connections and identity were made before the copy.
+    pub fn renewed(&self, host: String) -> Gate {
+        Gate {
+            config: self.config.clone(),
+            locker: self.locker.renewed(),
+            metrics: self.metrics.clone(),
+            host,
+        }
+    }
+
     /// Replaces the metrics sink.
     pub fn with_metrics(mut self, metrics: Metrics) -> Gate {
         self.metrics = metrics;
@@ -259,16 +271,18 @@ impl Gate {
         &self.metrics
     }
 
-    /// Decides invocation `request_id` with raw `event` bytes and its `deadline`. Records `key`,
-    /// `ticket` and `waited_ms` on the current span (the adapter's `invocation` span).
+    /// Decides invocation `request_id` with raw `event` bytes, its `deadline` and its `tenant`
+    /// id (tenant isolation mode; `None` otherwise). Records `key`, `ticket` and `waited_ms` on
+    /// the current span (the adapter's `invocation` span).
     pub async fn decide(
         &self,
         request_id: &str,
         deadline: Option<SystemTime>,
         event: &[u8],
+        tenant: Option<&str>,
     ) -> Outcome {
         let span = tracing::Span::current();
-        let key = match self.config.key.render_bytes(event) {
+        let key = match self.config.key.render_invocation(event, tenant) {
             Ok(k) => k,
             Err(e) => {
                 tracing::error!(error = %e, "cannot derive the lock key; failing the invocation");
@@ -437,6 +451,21 @@ impl Gate {
             }
         }
     }
+}
+
+/// Who this process is, for people reading a holder row: `hostname:pid#random`. The random
+/// part (from the OS, see [`crate::clock`]) tells apart copies of one process, which share
+/// hostname and pid: environments restored from one SnapStart snapshot. Read it after a restore,
+/// not before.
+pub fn host_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "lambda".to_owned());
+    format!(
+        "{host}:{}#{:06x}",
+        std::process::id(),
+        crate::clock::os_random() & 0xff_ffff
+    )
 }
 
 fn failed(error_type: &'static str, message: &str) -> Outcome {

@@ -33,6 +33,15 @@
 //!   starts the proxy) and make the function's own `bootstrap` script point the runtime at it,
 //!   exactly like the wrapper does: `export AWS_LAMBDA_RUNTIME_API=127.0.0.1:${FLIGHTLOCK_PROXY_PORT:-9009}`
 //!   before exec'ing the function binary (or `exec /opt/flightlock-wrapper ./my-binary`).
+//!
+//! **SnapStart.** The layer is a [`SnapStartResource`]: register a clone of it with
+//! `lambda_runtime::Runtime::register_snapstart_resource` and, after each restore, it swaps in
+//! a new DynamoDB client (the snapshot's pooled connections are not this environment's) and a
+//! new host id; clones share the renewed gate. Owner ids and record versions need nothing: they
+//! are drawn from the OS at each use ([`crate::clock`]).
+//!
+//! **Tenant isolation.** `{tenant}` in the key template is filled from the context's
+//! `tenant_id` (`lambda_runtime` reads it from the `Lambda-Runtime-Aws-Tenant-Id` header).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -41,12 +50,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use lambda_runtime::tower::{Layer, Service};
-use lambda_runtime::{Diagnostic, LambdaEvent};
+use lambda_runtime::{BoxFuture, Diagnostic, LambdaEvent, SnapStartResource};
 use serde::Serialize;
 use tracing::Instrument;
 
 use crate::config::{Config, ConfigError, KEY_ERROR_TYPE};
-use crate::gate::{Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use crate::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::Locker;
 
 /// What the wrapped handler answers: its own response, or the skip body.
@@ -59,10 +68,11 @@ pub enum Gated<R> {
     Skipped(serde_json::Value),
 }
 
-/// Builds [`Flightlock`] services. Cheap to clone.
+/// Builds [`Flightlock`] services. Cheap to clone; clones share one gate, which a SnapStart
+/// restore renews (see the module docs).
 #[derive(Debug, Clone)]
 pub struct FlightlockLayer {
-    gate: Gate,
+    gate: Arc<std::sync::RwLock<Gate>>,
 }
 
 impl FlightlockLayer {
@@ -71,19 +81,12 @@ impl FlightlockLayer {
         for warning in config.warnings() {
             tracing::warn!("{warning}");
         }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "lambda".to_owned());
-        let layer = FlightlockLayer {
-            gate: Gate::new(
-                Arc::new(config),
-                locker,
-                format!("{host}:{}", std::process::id()),
-            ),
-        };
+        let gate = Gate::new(Arc::new(config), locker, host_id());
         // A wrong table (keys, TTL) is reported at init with its fix (needs a runtime).
-        layer.gate.check_table_in_background();
-        layer
+        gate.check_table_in_background();
+        FlightlockLayer {
+            gate: Arc::new(std::sync::RwLock::new(gate)),
+        }
     }
 
     /// A layer configured by the `FLIGHTLOCK_*` variables in `env` (pass
@@ -104,9 +107,32 @@ impl FlightlockLayer {
         Ok(FlightlockLayer::new(locker, config))
     }
 
+    /// The gate in force (cheap to clone).
+    fn gate(&self) -> Gate {
+        self.gate.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// The configuration in force.
-    pub fn config(&self) -> &Config {
-        self.gate.config()
+    pub fn config(&self) -> Config {
+        self.gate().config().clone()
+    }
+
+    /// After a SnapStart restore: a new DynamoDB client (new connections) and a new host id
+    /// for every clone of this layer. [`SnapStartResource::after_restore`] calls it.
+    pub fn renew_after_restore(&self) {
+        let host = host_id();
+        let mut gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        *gate = gate.renewed(host.clone());
+        tracing::info!(%host, "restored from a snapshot: new DynamoDB client and host id");
+    }
+}
+
+impl SnapStartResource for FlightlockLayer {
+    fn after_restore(&self) -> BoxFuture<'_, Result<(), lambda_runtime::Error>> {
+        Box::pin(async move {
+            self.renew_after_restore();
+            Ok(())
+        })
     }
 }
 
@@ -165,7 +191,7 @@ where
         );
         Box::pin(
             async move {
-                let gate = &layer.gate;
+                let gate = &layer.gate();
                 // Only a template that reads the event needs its bytes.
                 let bytes = if gate.config().key.reads_event() {
                     serde_json::to_vec(&event.payload)
@@ -175,7 +201,13 @@ where
                 };
                 let deadline = Some(event.context.deadline());
                 let request_id = event.context.request_id.clone();
-                match gate.decide(&request_id, deadline, &bytes).await {
+                // Tenant isolation mode: `lambda_runtime` reads the tenant id from the event's
+                // `Lambda-Runtime-Aws-Tenant-Id` header into the context.
+                let tenant = event.context.tenant_id.clone();
+                match gate
+                    .decide(&request_id, deadline, &bytes, tenant.as_deref())
+                    .await
+                {
                     Outcome::Acquired(held) => {
                         let result: Result<R, Diagnostic> =
                             inner.call(event).await.map_err(Into::into);

@@ -52,7 +52,9 @@ const MIN_RETRY_BUDGET: Duration = Duration::from_secs(5);
 /// still write once more after this long.
 pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A fresh random id: 20 hex digits (80 bits). Used for owners and record versions.
+/// A fresh random id: 20 hex digits (80 bits). Used for owners and record versions. Drawn from
+/// the clock's chance, which for the system clocks is the OS on every draw: two copies of one
+/// process (a `fork()`, a SnapStart restore) never share an id (see [`crate::clock`]).
 pub(crate) fn new_id(clock: &dyn Clock) -> String {
     let hi = u128::from(clock.random());
     let lo = u128::from(clock.random());
@@ -117,6 +119,34 @@ impl Locker {
             observer: Arc::default(),
             admin: None,
         }
+    }
+
+    /// A locker on the same table, with the same settings and clock, but a new DynamoDB client
+    /// (so new connections) and nothing remembered from this one: for a process that has been
+    /// copied (a SnapStart restore), whose pooled connections point at sockets of the snapshot's
+    /// environment and whose per-key hints were also handed to every other copy.
+    ///
+    /// The new client is built from this one's configuration, so the SDK gives it a new default
+    /// HTTP client and connection pool. A client configured with an explicit HTTP client keeps
+    /// that one (the SDK shares it): it is the caller's to renew.
+    pub fn renewed(&self) -> Locker {
+        let Some(admin) = &self.admin else {
+            // The simulation's storage has no connections: forget the hints only.
+            let mut fresh = Locker::on(self.store.storage(), self.table());
+            fresh.clock = self.clock.clone();
+            return fresh;
+        };
+        if admin.config().http_client().is_some() {
+            tracing::warn!(
+                "the DynamoDB client has an explicit HTTP client: its connection pool is kept"
+            );
+        }
+        let client = Client::from_conf(admin.config().to_builder().build());
+        let table = self.table();
+        let mut fresh = Locker::on(Arc::new(Dynamo::new(client.clone(), table)), table);
+        fresh.admin = Some(client);
+        fresh.clock = self.clock.clone();
+        fresh
     }
 
     /// Replaces the clock (tests use a skewed one).

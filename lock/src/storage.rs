@@ -328,6 +328,11 @@ impl Store {
         }
     }
 
+    /// The storage behind this store.
+    pub(crate) fn storage(&self) -> Arc<dyn Storage> {
+        self.storage.clone()
+    }
+
     pub(crate) fn background(&self) -> &tokio_util::task::TaskTracker {
         &self.background
     }

@@ -339,3 +339,81 @@ async fn waiting_invocations_run_one_at_a_time_in_arrival_order() {
     let order: Vec<Value> = probe.order.lock().unwrap().clone();
     assert_eq!(order, (0..5).map(|n| json!({"n": n})).collect::<Vec<_>>());
 }
+
+fn tenant_event(request_id: &str, tenant: Option<&str>) -> LambdaEvent<Value> {
+    let mut e = event(request_id, json!({}));
+    e.context.tenant_id = tenant.map(str::to_owned);
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tenant_keys_come_from_the_context() {
+    let (layer, locker, _) = layer(
+        "layertenant",
+        &[("FLIGHTLOCK_KEY", "job-{tenant}"), ("FLIGHTLOCK_WAIT", "0")],
+    )
+    .await;
+    let probe = Arc::new(Probe::default());
+    probe.hold.store(true, Ordering::SeqCst);
+    let service = gated(&layer, &probe);
+    let blue = tokio::spawn(service.clone().oneshot(tenant_event("b-1", Some("blue"))));
+    until_running(&probe, 1).await;
+    let holder = locker
+        .holder("job-blue", ClockSkew::Bounded(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder.info.request_id.as_deref(), Some("b-1"));
+    // The same tenant is skipped; another runs beside it.
+    let again = service
+        .clone()
+        .oneshot(tenant_event("b-2", Some("blue")))
+        .await
+        .unwrap();
+    assert!(matches!(again, Gated::Skipped(_)), "{again:?}");
+    let green = tokio::spawn(service.clone().oneshot(tenant_event("g-1", Some("green"))));
+    until_running(&probe, 2).await;
+    // No tenant id: a key error, the handler never runs.
+    let none = service
+        .clone()
+        .oneshot(tenant_event("n-1", None))
+        .await
+        .unwrap_err();
+    assert_eq!(none.error_type, KEY_ERROR_TYPE);
+    probe.release.add_permits(2);
+    blue.await.unwrap().unwrap();
+    green.await.unwrap().unwrap();
+    assert_eq!(probe.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_restore_the_layer_gates_with_a_new_host_id() {
+    use lambda_runtime::SnapStartResource;
+    let (layer, locker, _) = layer("layerrestore", &[("FLIGHTLOCK_KEY", "snap")]).await;
+    let probe = Arc::new(Probe::default());
+    probe.hold.store(true, Ordering::SeqCst);
+    let host_of = |locker: Locker| async move {
+        locker
+            .holder("snap", ClockSkew::Bounded(Duration::from_secs(1)))
+            .await
+            .unwrap()
+            .unwrap()
+            .info
+            .host
+            .unwrap()
+    };
+    let service = gated(&layer, &probe);
+    let first = tokio::spawn(service.clone().oneshot(event("r-1", json!({}))));
+    until_running(&probe, 1).await;
+    let before = host_of(locker.clone()).await;
+    probe.release.add_permits(1);
+    first.await.unwrap().unwrap();
+    // The runtime's after_restore hook on a clone renews the gate of every clone.
+    layer.clone().after_restore().await.unwrap();
+    let second = tokio::spawn(service.oneshot(event("r-2", json!({}))));
+    until_running(&probe, 1).await;
+    let after = host_of(locker).await;
+    probe.release.add_permits(1);
+    second.await.unwrap().unwrap();
+    assert_ne!(before, after, "the host id was not renewed");
+}

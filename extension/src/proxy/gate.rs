@@ -13,8 +13,13 @@ impl Proxy {
         slot: &Arc<Slot>,
         deadline: Option<SystemTime>,
         event: &[u8],
+        tenant: Option<&str>,
     ) -> bool {
-        match self.gate.decide(id, deadline, event).await {
+        match self
+            .current_gate()
+            .decide(id, deadline, event, tenant)
+            .await
+        {
             Outcome::Acquired(held) => {
                 slot.hold(held);
                 true
@@ -36,7 +41,7 @@ impl Proxy {
     pub async fn release(&self, slot: &Slot) {
         if let Some(held) = slot.take_held() {
             let _in_flight = Releasing::start(&self.releasing);
-            self.gate.release(held).await;
+            self.current_gate().release(held).await;
         }
     }
 
@@ -44,13 +49,14 @@ impl Proxy {
     pub async fn release_all(&self, budget: Duration) {
         let held = self.invocations.take_all_held();
         let n = held.len();
-        let releases = futures::future::join_all(held.into_iter().map(|h| self.gate.release(h)));
+        let gate = self.current_gate();
+        let releases = futures::future::join_all(held.into_iter().map(|h| gate.release(h)));
         let all = async {
             releases.await;
             // Releases already under way elsewhere (the watch of a runtime that died just
             // before SHUTDOWN) finish too: exiting now would drop their delete.
             let _ = self.releasing.subscribe().wait_for(|n| *n == 0).await;
-            self.gate.locker().flush().await;
+            gate.locker().flush().await;
         };
         if tokio::time::timeout(budget, all).await.is_err() {
             tracing::error!(
@@ -58,7 +64,7 @@ impl Proxy {
                 budget_ms = budget.as_millis() as u64,
                 "shutdown budget spent before every lock was released; they lapse within a lease"
             );
-            self.gate.metrics().count(Metric::ReleaseErrors);
+            self.metrics.count(Metric::ReleaseErrors);
         } else if n > 0 {
             tracing::info!(released = n, "released held locks at shutdown");
         }

@@ -118,7 +118,7 @@ impl Proxy {
             let Some(id) = request_id else {
                 // Fail closed: an event that can be neither gated nor answered is never passed
                 // to the runtime ungated. Lambda ends it at its deadline.
-                self.gate.metrics().count(Metric::EventErrors);
+                self.metrics.count(Metric::EventErrors);
                 return Err(format!(
                     "upstream answered GET next with an event without a usable {REQUEST_ID_HEADER} \
                      header; it is not handed to the runtime ungated"
@@ -144,7 +144,7 @@ impl Proxy {
                         format!("flightlock could not read the event from the Runtime API: {e}");
                     async {
                         tracing::error!(error = %e, "could not read the event; failing the invocation");
-                        self.gate.metrics().count(Metric::EventErrors);
+                        self.metrics.count(Metric::EventErrors);
                         self.answer(&id, Some(EVENT_ERROR_TYPE), &error_body(EVENT_ERROR_TYPE, &message))
                             .await;
                     }
@@ -160,8 +160,14 @@ impl Proxy {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+            // Tenant isolation mode: the tenant id of this invocation, for `{tenant}` keys.
+            let tenant = rparts
+                .headers
+                .get(TENANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             if self
-                .gate(&id, &slot, deadline, &event)
+                .gate(&id, &slot, deadline, &event, tenant.as_deref())
                 .instrument(span)
                 .await
             {

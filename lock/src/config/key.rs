@@ -1,4 +1,5 @@
-//! Lock keys rendered from the event: `job-{/detail/accountId}`.
+//! Lock keys rendered from the invocation: `job-{/detail/accountId}` reads the event,
+//! `job-{tenant}` the tenant of a function in tenant isolation mode.
 
 use std::fmt;
 
@@ -10,10 +11,19 @@ use crate::schema::validate_key;
 enum Part {
     Text(String),
     Pointer(String),
+    /// `{tenant}`: the invocation's tenant id.
+    Tenant,
 }
 
+/// The placeholder for the invocation's tenant id. Lambda hands it to the runtime in the
+/// `Lambda-Runtime-Aws-Tenant-Id` header of each event when the function's
+/// `TenantIsolationMode` is `PER_TENANT` (AWS Lambda developer guide, "Tenant isolation";
+/// `lambda_runtime`'s `Context::tenant_id` reads the same header).
+pub const TENANT_PLACEHOLDER: &str = "{tenant}";
+
 /// A lock key with `{/json/pointer}` placeholders filled from the event, e.g.
-/// `job-{/detail/accountId}`. `{{` and `}}` stand for literal braces.
+/// `job-{/detail/accountId}`, and `{tenant}` filled with the invocation's tenant id (tenant
+/// isolation mode). `{{` and `}}` stand for literal braces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyTemplate {
     source: String,
@@ -48,6 +58,16 @@ pub enum KeyError {
         template: String,
         /// The JSON pointer.
         pointer: String,
+    },
+    /// The template uses `{tenant}`, but the invocation came without a tenant id (the function
+    /// is not in tenant isolation mode, or the runtime path does not pass it).
+    #[error(
+        "the key template {template:?} uses {{tenant}}, but the invocation has no tenant id \
+         (only functions with TenantIsolationMode=PER_TENANT get one)"
+    )]
+    NoTenant {
+        /// The template.
+        template: String,
     },
     /// The rendered key is empty or too long.
     #[error("the key template {template:?} rendered an invalid key: {problem}")]
@@ -94,15 +114,20 @@ impl KeyTemplate {
                             None => return Err(format!("unclosed placeholder `{{{pointer}`")),
                         }
                     }
-                    if !pointer.starts_with('/') {
+                    let part = if pointer == "tenant" {
+                        Part::Tenant
+                    } else if pointer.starts_with('/') {
+                        Part::Pointer(pointer)
+                    } else {
                         return Err(format!(
-                            "placeholder `{{{pointer}}}` is not a JSON pointer (it must start with /)"
+                            "placeholder `{{{pointer}}}` is neither {TENANT_PLACEHOLDER} nor a JSON \
+                             pointer (which starts with /)"
                         ));
-                    }
+                    };
                     if !text.is_empty() {
                         parts.push(Part::Text(std::mem::take(&mut text)));
                     }
-                    parts.push(Part::Pointer(pointer));
+                    parts.push(part);
                 }
                 c => text.push(c),
             }
@@ -124,6 +149,11 @@ impl KeyTemplate {
         self.parts.iter().any(|p| matches!(p, Part::Pointer(_)))
     }
 
+    /// True if the template uses the tenant id.
+    pub fn reads_tenant(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Tenant))
+    }
+
     /// The template as written.
     pub fn source(&self) -> &str {
         &self.source
@@ -134,13 +164,24 @@ impl KeyTemplate {
     /// (see `config/seek.rs`); no `serde_json::Value` of the event is built. The event is
     /// parsed only if the template reads it. Same results as [`KeyTemplate::render`].
     pub fn render_bytes(&self, event: &[u8]) -> Result<String, KeyError> {
+        self.render_invocation(event, None)
+    }
+
+    /// Renders the key from the raw event bytes and the invocation's tenant id (`None`: the
+    /// invocation has none; a template with `{tenant}` then fails with [`KeyError::NoTenant`]).
+    pub fn render_invocation(
+        &self,
+        event: &[u8],
+        tenant: Option<&str>,
+    ) -> Result<String, KeyError> {
         if !self.reads_event() {
-            return self.render(&serde_json::Value::Null);
+            return self.render_with(&serde_json::Value::Null, tenant);
         }
         let mut key = String::new();
         for part in &self.parts {
             match part {
                 Part::Text(t) => key.push_str(t),
+                Part::Tenant => key.push_str(self.tenant(tenant)?),
                 Part::Pointer(p) => {
                     let found =
                         seek::find(event, &seek::tokens(p)).map_err(|e| KeyError::NotJson {
@@ -172,12 +213,32 @@ impl KeyTemplate {
         Ok(key)
     }
 
-    /// Renders the key from a parsed event.
+    /// Renders the key from a parsed event (no tenant id).
     pub fn render(&self, event: &serde_json::Value) -> Result<String, KeyError> {
+        self.render_with(event, None)
+    }
+
+    /// The tenant id, or the error saying the template needs one. An empty header counts as
+    /// none: an empty tenant would make every tenant's key the same.
+    fn tenant<'t>(&self, tenant: Option<&'t str>) -> Result<&'t str, KeyError> {
+        tenant
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| KeyError::NoTenant {
+                template: self.source.clone(),
+            })
+    }
+
+    /// Renders the key from a parsed event and the invocation's tenant id.
+    pub fn render_with(
+        &self,
+        event: &serde_json::Value,
+        tenant: Option<&str>,
+    ) -> Result<String, KeyError> {
         let mut key = String::new();
         for part in &self.parts {
             match part {
                 Part::Text(t) => key.push_str(t),
+                Part::Tenant => key.push_str(self.tenant(tenant)?),
                 Part::Pointer(p) => match event.pointer(p) {
                     None | Some(serde_json::Value::Null) => {
                         return Err(KeyError::Missing {
@@ -252,6 +313,59 @@ mod tests {
                 .unwrap(),
             "a{b}"
         );
+    }
+
+    #[test]
+    fn the_tenant_placeholder_takes_the_invocations_tenant() {
+        let t = KeyTemplate::parse("job-{tenant}-{/detail/accountId}").unwrap();
+        assert!(t.reads_tenant() && t.reads_event());
+        let ev = br#"{"detail":{"accountId":"42"}}"#;
+        assert_eq!(
+            t.render_invocation(ev, Some("blue")).unwrap(),
+            "job-blue-42"
+        );
+        let value: serde_json::Value = serde_json::from_slice(ev).unwrap();
+        assert_eq!(
+            t.render_with(&value, Some("green")).unwrap(),
+            "job-green-42"
+        );
+        // Without the event: the tenant alone, and the event is never parsed.
+        let only = KeyTemplate::parse("job-{tenant}").unwrap();
+        assert!(!only.reads_event());
+        assert_eq!(
+            only.render_invocation(b"<not json>", Some("blue")).unwrap(),
+            "job-blue"
+        );
+        // No tenant (or an empty one): a typed error naming the template, never a shared key.
+        for missing in [None, Some("")] {
+            let e = only.render_invocation(b"{}", missing).unwrap_err();
+            assert_eq!(
+                e,
+                KeyError::NoTenant {
+                    template: "job-{tenant}".into()
+                }
+            );
+            assert!(e.to_string().contains("TenantIsolationMode"), "{e}");
+            assert!(matches!(
+                t.render_with(&value, missing),
+                Err(KeyError::NoTenant { .. })
+            ));
+        }
+        assert!(matches!(
+            only.render_bytes(b"{}"),
+            Err(KeyError::NoTenant { .. })
+        ));
+        // `{{tenant}}` is literal text; other names are refused at parse time.
+        let literal = KeyTemplate::parse("job-{{tenant}}").unwrap();
+        assert!(!literal.reads_tenant());
+        assert_eq!(literal.render_bytes(b"").unwrap(), "job-{tenant}");
+        let e = KeyTemplate::parse("job-{tenantid}").unwrap_err();
+        assert!(e.contains("{tenant}"), "{e}");
+        // A tenant id too long for a key is refused like any other rendered key.
+        assert!(matches!(
+            only.render_invocation(b"", Some(&"t".repeat(1100))),
+            Err(KeyError::InvalidKey { .. })
+        ));
     }
 
     #[test]
