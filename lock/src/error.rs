@@ -280,7 +280,8 @@ mod tests {
 
     #[test]
     fn setup_problems_are_named_by_the_sdk_words() {
-        let cases: [(&[&'static str], fn(&Error) -> bool); 4] = [
+        type Case = (&'static [&'static str], fn(&Error) -> bool);
+        let cases: [Case; 4] = [
             (
                 &["dispatch failure", "other", "missing signing region"],
                 |e| matches!(e, Error::NoRegion { .. }),
