@@ -71,7 +71,10 @@ fn duration_parameters_take_every_documented_form_and_nothing_the_code_refuses()
             } else {
                 parse_duration(c).map(|_| ())
             };
-            assert!(parsed.is_ok(), "{name} lets {c:?} through; the code refuses it");
+            assert!(
+                parsed.is_ok(),
+                "{name} lets {c:?} through; the code refuses it"
+            );
         }
     }
     let wait = pattern(&t, "LockWait");
@@ -83,8 +86,8 @@ fn duration_parameters_take_every_documented_form_and_nothing_the_code_refuses()
 /// The actions the template's `LockUserPolicy` grants.
 fn lock_user_actions() -> BTreeSet<String> {
     let t = template();
-    let doc = &properties(&t, "LockUserPolicy", "AWS::IAM::ManagedPolicy").unwrap()
-        ["PolicyDocument"];
+    let doc =
+        &properties(&t, "LockUserPolicy", "AWS::IAM::ManagedPolicy").unwrap()["PolicyDocument"];
     let statements = doc["Statement"].as_sequence().unwrap();
     assert_eq!(statements.len(), 1);
     statements[0]["Action"]
@@ -109,12 +112,16 @@ fn every_readme_list_of_a_lock_users_actions_is_the_templates() {
     let granted = lock_user_actions();
     let readme = readme();
     // The Deploy section's bullet on LockUserPolicy.
-    let start = readme.find("- **`LockUserPolicy`**").expect("the LockUserPolicy bullet");
+    let start = readme
+        .find("- **`LockUserPolicy`**")
+        .expect("the LockUserPolicy bullet");
     let bullet = &readme[start..];
     let bullet = &bullet[..bullet[2..].find("\n- ").map_or(bullet.len(), |i| i + 2)];
     assert_eq!(actions_in(bullet), granted, "Deploy: {bullet}");
     // The statement to write yourself, in "Attach it to an existing function".
-    let start = readme.find("\"Action\": [").expect("the Attach section's statement");
+    let start = readme
+        .find("\"Action\": [")
+        .expect("the Attach section's statement");
     let statement = &readme[start..start + readme[start..].find(']').unwrap()];
     assert_eq!(actions_in(statement), granted, "Attach: {statement}");
     // The CLI's table of actions per command: `run` needs what a lock user needs.
