@@ -167,7 +167,7 @@ async fn progress(locker: Locker, key: String, opts: LockOptions) {
                     .count();
                 match entries.iter().find(|e| e.state == EntryState::Holding) {
                     Some(h) => format!(
-                        "held by ticket {} (owner {}{}), {waiting} in the queue",
+                        "held by ticket {} (owner {}{}), {waiting} waiting",
                         h.ticket,
                         h.owner,
                         h.holder
@@ -176,7 +176,7 @@ async fn progress(locker: Locker, key: String, opts: LockOptions) {
                             .map(|host| format!(", host {host}"))
                             .unwrap_or_default()
                     ),
-                    None => format!("{waiting} in the queue, no live holder"),
+                    None => format!("no live holder, {waiting} waiting"),
                 }
             }
             Ok(Err(e)) => format!("DynamoDB is not answering as it should ({e}); retrying"),
