@@ -249,6 +249,32 @@ async fn a_silent_endpoint_is_retried_with_progress_lines_and_ctrl_c_is_truthful
     );
 }
 
+/// While `run` waits behind a holder, stderr says every few seconds who holds the key; the busy
+/// line still ends the wait.
+#[tokio::test]
+async fn a_waiting_run_names_the_holder_while_it_waits() {
+    let env = Env::new("ffprogress").await;
+    let g = env.locker().await.acquire("job", &fast()).await.unwrap();
+    let mut c = cli(&env);
+    c.args(["run", "--key", "job", "--wait", "7s", "--", "true"]);
+    let out = finish(c).await;
+    let owner = g.owner().to_owned();
+    g.release().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("flightlock: waiting for key \"job\""))
+        .collect();
+    assert!(!progress.is_empty(), "{stderr}");
+    for line in progress {
+        assert!(
+            line.contains("held by ticket 1") && line.contains(&owner),
+            "{line}"
+        );
+    }
+}
+
 /// A table that is not a flightlock table: one string hash key `id`.
 async fn create_table_keyed_by_id(client: &aws_sdk_dynamodb::Client, name: &str) {
     client
