@@ -365,3 +365,17 @@ fn cli_bin() -> PathBuf {
     }
     panic!("the flightlock CLI is not built: cargo build -p flightlock --features cli --bin flightlock");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn answers_are_shown_without_the_test_only_seq() {
+        assert_eq!(
+            shown(br#"{"ok":true,"requestId":"r1","seq":null}"#),
+            r#"{"ok":true,"requestId":"r1"}"#
+        );
+        assert_eq!(shown(b"plain text"), "plain text");
+    }
+}
