@@ -1,12 +1,11 @@
 //! `flightlock run`: acquire, run a command under the lock, release.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use flightlock::{EntryState, LockOptions, Locker, ReleaseOutcome};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -190,7 +189,8 @@ async fn progress(locker: Locker, key: String, opts: LockOptions) {
 }
 
 /// Interrupted while waiting: the cancelled acquisition removes its row in the background; wait
-/// for that before exiting. If DynamoDB never answered, no row was ever written.
+/// for that before exiting. If DynamoDB never answered, there is no queue to speak of (a request
+/// that landed with its answer lost is removed all the same).
 async fn interrupted(
     locker: &Locker,
     answered: &AtomicBool,
@@ -201,9 +201,7 @@ async fn interrupted(
     if answered.load(Ordering::Relaxed) {
         eprintln!("flightlock: interrupted while waiting; leaving the queue");
     } else {
-        eprintln!(
-            "flightlock: interrupted before DynamoDB answered; no place in a queue was taken"
-        );
+        eprintln!("flightlock: interrupted before DynamoDB ever answered; no lock was held");
     }
     locker.flush().await;
     Ok(ExitCode::from(code))
