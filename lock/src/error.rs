@@ -229,9 +229,11 @@ pub(crate) fn setup_error(err: &(dyn std::error::Error + 'static)) -> Option<Err
     } else if all.contains("credential") || all.contains("imds") {
         Some(Error::NoCredentials { cause })
     } else if refused
-        || all.contains("dns error")
-        || all.contains("failed to lookup address")
-        || all.contains("name or service not known")
+        || ((all.contains("dns error")
+            || all.contains("failed to lookup address")
+            || all.contains("name or service not known"))
+            // EAI_AGAIN: the resolver could not answer now, which may pass.
+            && !all.contains("temporary failure"))
     {
         Some(Error::Unreachable { cause })
     } else {
@@ -319,6 +321,15 @@ mod tests {
         let e = chain(&["dispatch failure", "io error"], Some(Box::new(reset)));
         assert!(setup_error(&e).is_none());
         let e = chain(&["timeout", "HTTP read timeout occurred after 5s"], None);
+        assert!(setup_error(&e).is_none());
+        let e = chain(
+            &[
+                "dispatch failure",
+                "dns error",
+                "failed to lookup address information: Temporary failure in name resolution",
+            ],
+            None,
+        );
         assert!(setup_error(&e).is_none());
     }
 }
