@@ -50,7 +50,8 @@ pub enum Error {
     /// IAM refused a call.
     #[error(
         "access denied calling dynamodb:{operation} on `{table}`: {message}. Grant the role \
-         dynamodb:Query, PutItem, UpdateItem, DeleteItem and the transaction actions on this table"
+         dynamodb:Query, PutItem, UpdateItem, DeleteItem, DescribeTable and DescribeTimeToLive \
+         on this table (template.yaml's LockUserPolicy lists them)"
     )]
     AccessDenied {
         /// DynamoDB operation.
@@ -59,6 +60,35 @@ pub enum Error {
         table: String,
         /// The service's message.
         message: String,
+    },
+    /// No region was configured, so the SDK could not sign or route a request.
+    #[error(
+        "no AWS region is configured ({cause}): set AWS_REGION (e.g. `export \
+         AWS_REGION=us-east-1`), a profile with a region (AWS_PROFILE), or pass --region"
+    )]
+    NoRegion {
+        /// The SDK's words.
+        cause: String,
+    },
+    /// No credentials could be found or loaded before DynamoDB ever answered.
+    #[error(
+        "no AWS credentials ({cause}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or \
+         AWS_PROFILE, or run where a role provides them (DynamoDB Local accepts any values)"
+    )]
+    NoCredentials {
+        /// The SDK's words.
+        cause: String,
+    },
+    /// The endpoint refused the connection or its host name does not resolve, and DynamoDB has
+    /// not answered this process once: a setting to fix, not a fault to wait out.
+    #[error(
+        "cannot reach DynamoDB ({cause}): check the endpoint (AWS_ENDPOINT_URL_DYNAMODB, \
+         AWS_ENDPOINT_URL or --endpoint-url; for DynamoDB Local start it with \
+         `scripts/dynamodb-local start`), the region (AWS_REGION) and the network"
+    )]
+    Unreachable {
+        /// The SDK's words, e.g. `Connection refused (os error 111)`.
+        cause: String,
     },
     /// A lock key that is empty or too long.
     #[error("invalid lock key {key:?}: {problem}")]
@@ -162,5 +192,144 @@ impl Error {
     /// True for [`Error::Busy`]: the key was held for the whole wait.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
+    }
+}
+
+/// The error a request failed with before it reached DynamoDB, when that failure is a setting to
+/// fix rather than a fault to wait out: no region, no credentials, an endpoint that refuses
+/// connections or whose host does not resolve. `None` for everything else (timeouts, dropped
+/// connections, throttling), which the lock keeps retrying within its budget.
+///
+/// The SDK reports these as a dispatch or construction failure whose causes are only text (the
+/// SDK's credential and DNS error types are not part of its public surface), so the chain of
+/// causes is read: a refused connection by its `io::ErrorKind`, the rest by the SDK's own words
+/// ("missing signing region", "Missing Region", "credentials", "dns error").
+pub(crate) fn setup_error(err: &(dyn std::error::Error + 'static)) -> Option<Error> {
+    let mut parts: Vec<String> = Vec::new();
+    let mut refused = false;
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        let text = e.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    // One line: the SDK's credential chain lists its providers one per line.
+    let cause = parts
+        .last()
+        .map(|c| c.lines().map(str::trim).collect::<Vec<_>>().join("; "))
+        .unwrap_or_default();
+    let all = parts.join(": ").to_lowercase();
+    if all.contains("missing signing region") || all.contains("missing region") {
+        Some(Error::NoRegion { cause })
+    } else if all.contains("credential") || all.contains("imds") {
+        Some(Error::NoCredentials { cause })
+    } else if refused
+        || ((all.contains("dns error")
+            || all.contains("failed to lookup address")
+            || all.contains("name or service not known"))
+            // EAI_AGAIN: the resolver could not answer now, which may pass.
+            && !all.contains("temporary failure"))
+    {
+        Some(Error::Unreachable { cause })
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Link {
+        text: &'static str,
+        #[source]
+        source: Option<BoxError>,
+    }
+
+    /// An error whose display is `texts[0]`, caused by `texts[1]`, ..., caused by `last`.
+    fn chain(texts: &[&'static str], last: Option<BoxError>) -> Link {
+        let mut it = texts.iter().rev();
+        let mut link = Link {
+            text: it.next().copied().unwrap_or(""),
+            source: last,
+        };
+        for text in it {
+            link = Link {
+                text,
+                source: Some(Box::new(link)),
+            };
+        }
+        link
+    }
+
+    #[test]
+    fn a_refused_connection_is_unreachable_by_its_io_kind() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = chain(&["dispatch failure", "io error"], Some(Box::new(io)));
+        let got = setup_error(&e);
+        assert!(matches!(got, Some(Error::Unreachable { .. })), "{got:?}");
+        assert!(got
+            .map(|e| e.to_string())
+            .is_some_and(|m| m.contains("AWS_ENDPOINT_URL_DYNAMODB")));
+    }
+
+    #[test]
+    fn setup_problems_are_named_by_the_sdk_words() {
+        type Case = (&'static [&'static str], fn(&Error) -> bool);
+        let cases: [Case; 4] = [
+            (
+                &["dispatch failure", "other", "missing signing region"],
+                |e| matches!(e, Error::NoRegion { .. }),
+            ),
+            (
+                &["dispatch failure", "Invalid Configuration: Missing Region"],
+                |e| matches!(e, Error::NoRegion { .. }),
+            ),
+            (
+                &[
+                    "dispatch failure",
+                    "an error occurred while loading credentials",
+                ],
+                |e| matches!(e, Error::NoCredentials { .. }),
+            ),
+            (
+                &[
+                    "dispatch failure",
+                    "io error",
+                    "dns error",
+                    "failed to lookup address",
+                ],
+                |e| matches!(e, Error::Unreachable { .. }),
+            ),
+        ];
+        for (texts, expected) in cases {
+            let got = setup_error(&chain(texts, None));
+            assert!(got.as_ref().is_some_and(expected), "{texts:?}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn faults_worth_waiting_out_are_not_setup_errors() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let e = chain(&["dispatch failure", "io error"], Some(Box::new(reset)));
+        assert!(setup_error(&e).is_none());
+        let e = chain(&["timeout", "HTTP read timeout occurred after 5s"], None);
+        assert!(setup_error(&e).is_none());
+        let e = chain(
+            &[
+                "dispatch failure",
+                "dns error",
+                "failed to lookup address information: Temporary failure in name resolution",
+            ],
+            None,
+        );
+        assert!(setup_error(&e).is_none());
     }
 }

@@ -26,9 +26,13 @@ impl Wait {
         match s.trim() {
             "0" => Ok(Wait::NoWait),
             w if Self::FOREVER_WORDS.contains(&w) => Ok(Wait::Forever),
-            other => match parse_duration(other)? {
-                d if d.is_zero() => Ok(Wait::NoWait),
-                d => Ok(Wait::For(d)),
+            other => match parse_duration(other) {
+                Ok(d) if d.is_zero() => Ok(Wait::NoWait),
+                Ok(d) => Ok(Wait::For(d)),
+                Err(e) => Err(format!(
+                    "{e}; or 0 (do not wait), or {} (never give up)",
+                    Self::FOREVER_WORDS.join(", ")
+                )),
             },
         }
     }
@@ -63,7 +67,12 @@ impl ClockSkew {
     pub fn parse(s: &str) -> Result<ClockSkew, String> {
         match s.trim() {
             w if Self::UNBOUNDED_WORDS.contains(&w) => Ok(ClockSkew::Unbounded),
-            other => parse_duration(other).map(ClockSkew::Bounded),
+            other => parse_duration(other).map(ClockSkew::Bounded).map_err(|e| {
+                format!(
+                    "{e}; or {} (clock-free mode)",
+                    Self::UNBOUNDED_WORDS.join(", ")
+                )
+            }),
         }
     }
 }
@@ -205,14 +214,18 @@ impl LockOptions {
 /// Parses a humane duration: `500ms`, `10s`, `2m`, `1h`, `1m30s`; a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    const FORMS: &str = "accepted: a number with a unit (500ms, 10s, 2m, 1h, 1d), units together \
+                         (1m30s), or a bare number of seconds";
     if s.is_empty() {
-        return Err("empty duration; use e.g. 500ms, 10s, 2m".into());
+        return Err(format!("empty duration; {FORMS}"));
+    }
+    if s.starts_with('-') {
+        return Err(format!("{s:?} is negative; {FORMS}"));
     }
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration ({e}); use e.g. 500ms, 10s, 2m, 1h"))
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); {FORMS}"))
 }
 
 #[cfg(test)]
@@ -234,7 +247,20 @@ mod tests {
             Wait::parse("500ms").unwrap(),
             Wait::For(Duration::from_millis(500))
         );
-        assert!(Wait::parse("soon").unwrap_err().contains("soon"));
+        let e = Wait::parse("soon").unwrap_err();
+        for form in [
+            "soon",
+            "500ms",
+            "1m30s",
+            "bare number",
+            "0",
+            "forever",
+            "inf",
+            "infinite",
+        ] {
+            assert!(e.contains(form), "{form}: {e}");
+        }
+        assert!(Wait::parse("-1").unwrap_err().contains("negative"));
     }
 
     #[test]
@@ -248,7 +274,10 @@ mod tests {
             ClockSkew::parse("250ms").unwrap(),
             ClockSkew::Bounded(Duration::from_millis(250))
         );
-        assert!(ClockSkew::parse("").is_err());
+        let e = ClockSkew::parse("").unwrap_err();
+        for form in ["500ms", "1m30s", "unbounded", "clock-free"] {
+            assert!(e.contains(form), "{form}: {e}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! Every read that decides ownership is a strongly consistent `Query` on the base table.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -33,6 +34,30 @@ use crate::storage::{
 pub(crate) struct Dynamo {
     client: Client,
     table: Arc<str>,
+    /// Set once DynamoDB (or anything at the endpoint) has sent a response to this client.
+    answered: Arc<AtomicBool>,
+}
+
+/// Records that a response arrived. Until one has, a failure to reach the endpoint (refused,
+/// unresolvable) or to sign (no region, no credentials) is a setting to fix, reported at once;
+/// after one has, the same failure is a fault and is retried within the caller's budget.
+#[derive(Debug)]
+struct Answered(Arc<AtomicBool>);
+
+impl aws_sdk_dynamodb::config::Intercept for Answered {
+    fn name(&self) -> &'static str {
+        "flightlock-answered"
+    }
+
+    fn read_before_deserialization(
+        &self,
+        _context: &aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextRef<'_>,
+        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        self.0.store(true, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 impl Storage for Dynamo {
@@ -72,9 +97,16 @@ impl Storage for Dynamo {
 
 impl Dynamo {
     pub(crate) fn new(client: Client, table: &str) -> Dynamo {
+        let answered = Arc::new(AtomicBool::new(false));
+        let config = client
+            .config()
+            .to_builder()
+            .interceptor(Answered(answered.clone()))
+            .build();
         Dynamo {
-            client,
+            client: Client::from_conf(config),
             table: table.into(),
+            answered,
         }
     }
 
@@ -447,6 +479,11 @@ impl Dynamo {
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         let status = err.raw_response().map(|r| r.status().as_u16());
+        if status.is_none() && !self.answered.load(Ordering::Relaxed) {
+            if let Some(e) = crate::error::setup_error(&err) {
+                return Failure::Fatal(e);
+            }
+        }
         let code = err.code().unwrap_or_default().to_owned();
         let message = err.message().unwrap_or_default().to_owned();
         enum Kind {

@@ -18,8 +18,11 @@ use crate::store::Dynamo;
 pub enum Created {
     /// The table was created (and TTL enabled).
     New,
-    /// A correct table already existed (TTL enabled if it was off).
-    Existing,
+    /// A table with the right keys already existed.
+    Existing {
+        /// TTL was off and `create_table` turned it on (on `expiresAt`).
+        ttl_turned_on: bool,
+    },
 }
 
 /// Creates the lock table (on-demand, `pk`/`sk`, TTL on `expiresAt`) and waits until it is
@@ -48,14 +51,17 @@ pub async fn create_table(client: &Client, table: &str) -> Result<Created, Error
         .key_schema(key(PK, KeyType::Hash).map_err(build_err)?)
         .key_schema(key(SK, KeyType::Range).map_err(build_err)?);
     let created = match request.send().await {
-        Ok(_) => Created::New,
-        Err(e) if e.code() == Some("ResourceInUseException") => Created::Existing,
+        Ok(_) => None,
+        Err(e) if e.code() == Some("ResourceInUseException") => Some(()),
         Err(e) => return Err(store.classify("CreateTable", e).into_error()),
     };
     wait_active(&store).await?;
     check_keys(&store).await?;
-    ensure_ttl(&store).await?;
-    Ok(created)
+    let ttl_turned_on = ensure_ttl(&store).await?;
+    Ok(match created {
+        None => Created::New,
+        Some(()) => Created::Existing { ttl_turned_on },
+    })
 }
 
 /// Checks that `table` exists, has the flightlock key schema and TTL on `expiresAt`.
@@ -187,12 +193,13 @@ async fn describe_ttl(store: &Dynamo) -> Result<(Option<TimeToLiveStatus>, Optio
     ))
 }
 
-async fn ensure_ttl(store: &Dynamo) -> Result<(), Error> {
+/// Turns TTL on `expiresAt` on if it is off; true if it did.
+async fn ensure_ttl(store: &Dynamo) -> Result<bool, Error> {
     match describe_ttl(store).await? {
         (Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling), Some(a))
             if a == EXPIRES_AT =>
         {
-            Ok(())
+            Ok(false)
         }
         (Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling), attr) => {
             Err(Error::WrongTtl {
@@ -214,7 +221,7 @@ async fn ensure_ttl(store: &Dynamo) -> Result<(), Error> {
                 .send()
                 .await
                 .map_err(|e| store.classify("UpdateTimeToLive", e).into_error())?;
-            Ok(())
+            Ok(true)
         }
     }
 }

@@ -37,7 +37,9 @@ async fn create_table_is_idempotent_and_verify_checks_ttl() {
     let env = Env::new("ttl").await;
     assert_eq!(
         table::create_table(&env.client, &env.table).await.unwrap(),
-        table::Created::Existing
+        table::Created::Existing {
+            ttl_turned_on: false
+        }
     );
     table::verify_table(&env.client, &env.table).await.unwrap();
 }

@@ -283,4 +283,6 @@ pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
 #[cfg(test)]
 mod docs;
 #[cfg(test)]
+mod params;
+#[cfg(test)]
 mod tests;

@@ -15,6 +15,8 @@ mod status;
 mod sweep;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use flightlock::{ClockSkew, LockOptions, Wait};
@@ -27,6 +29,11 @@ pub const EXIT_LOST: u8 = 70;
 pub const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit status when the command was not found (as `env(1)` and `flock(1)`).
 pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit status for a bad value: the usage errors clap reports, and options out of range.
+pub const EXIT_USAGE: u8 = 2;
+
+/// The log levels `--log-level` accepts (as `FLIGHTLOCK_LOG_LEVEL` does in Lambda).
+const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,17 +68,35 @@ pub struct Conn {
     #[arg(long, env = "FLIGHTLOCK_TABLE")]
     table: String,
     /// DynamoDB endpoint (default: the AWS SDK's configuration, e.g. AWS_ENDPOINT_URL_DYNAMODB).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_endpoint)]
     endpoint_url: Option<String>,
     /// AWS region (default: the AWS SDK's configuration).
     #[arg(long)]
     region: Option<String>,
-    /// Log level for flightlock's own messages on stderr (error, warn, info, debug, trace).
-    #[arg(long, env = "FLIGHTLOCK_LOG_LEVEL", default_value = "warn")]
+    /// Log level for flightlock's own messages on stderr.
+    #[arg(
+        long,
+        env = "FLIGHTLOCK_LOG_LEVEL",
+        default_value = "warn",
+        ignore_case = true,
+        value_parser = LOG_LEVELS
+    )]
     log_level: String,
 }
 
 impl Conn {
+    /// The client, and a flag that turns true once any response has come back to it.
+    async fn watched_client(&self) -> (aws_sdk_dynamodb::Client, Arc<AtomicBool>) {
+        let answered = Arc::new(AtomicBool::new(false));
+        let client = self.client().await;
+        let config = client
+            .config()
+            .to_builder()
+            .interceptor(Answered(answered.clone()))
+            .build();
+        (aws_sdk_dynamodb::Client::from_conf(config), answered)
+    }
+
     async fn client(&self) -> aws_sdk_dynamodb::Client {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(region) = &self.region {
@@ -84,23 +109,64 @@ impl Conn {
     }
 }
 
-/// Lock options shared by commands that acquire.
+/// Sets its flag when a response arrives: whether DynamoDB ever answered this process.
+#[derive(Debug)]
+struct Answered(Arc<AtomicBool>);
+
+impl aws_sdk_dynamodb::config::Intercept for Answered {
+    fn name(&self) -> &'static str {
+        "flightlock-cli-answered"
+    }
+
+    fn read_before_deserialization(
+        &self,
+        _context: &aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextRef<'_>,
+        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        self.0.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// `--endpoint-url`: an `http://` or `https://` URL with a host, checked here so a typo is one
+/// line naming the accepted form (the SDK would report it per request, as a dump of the request).
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or_default());
+    match host {
+        Some(h) if !h.is_empty() && !h.starts_with(':') && !h.contains(char::is_whitespace) => {
+            Ok(s.to_owned())
+        }
+        _ => Err(format!(
+            "{s:?} is not an endpoint URL; use http://HOST[:PORT] or https://HOST[:PORT], e.g. \
+             http://127.0.0.1:8000 for DynamoDB Local"
+        )),
+    }
+}
+
+/// Lock options shared by commands that acquire. Their values may start with `-` (`--wait -1`):
+/// a bad value to report with the accepted forms, not an option to suggest `-- -1` for.
 #[derive(Args, Debug, Clone)]
 pub struct LockArgs {
-    /// How long to wait: 0 (fail at once if held), a duration (500ms, 10s, 2m) or forever.
-    #[arg(long, default_value = "forever", value_parser = Wait::parse)]
+    /// How long to wait: 0 (fail at once if held), a duration (500ms, 10s, 1m30s, 2h; a bare
+    /// number is seconds) or forever (also inf, infinite).
+    #[arg(long, default_value = "forever", allow_hyphen_values = true, value_parser = Wait::parse)]
     wait: Wait,
     /// Lease: how long the lock survives without a heartbeat.
-    #[arg(long, default_value = "20s", value_parser = flightlock::parse_duration)]
+    #[arg(long, default_value = "20s", allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     lease: std::time::Duration,
     /// Heartbeat interval (default: a third of the lease).
-    #[arg(long, value_parser = flightlock::parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     heartbeat: Option<std::time::Duration>,
     /// Poll interval of the waiter next in line.
-    #[arg(long, default_value = "100ms", value_parser = flightlock::parse_duration)]
+    #[arg(long, default_value = "100ms", allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     poll: std::time::Duration,
-    /// How far clocks may disagree, or `unbounded` for clock-free mode.
-    #[arg(long, default_value = "1s", value_parser = ClockSkew::parse)]
+    /// How far clocks may disagree (a duration such as 500ms or 1s), or `unbounded` (also
+    /// clock-free) for clock-free mode.
+    #[arg(long, default_value = "1s", allow_hyphen_values = true, value_parser = ClockSkew::parse)]
     max_clock_skew: ClockSkew,
 }
 
@@ -129,8 +195,12 @@ impl LockArgs {
 }
 
 fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(format!("flightlock={level}"))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("flightlock=warn"));
+    // clap let only LOG_LEVELS through, each a valid directive.
+    let filter = tracing_subscriber::EnvFilter::try_new(format!(
+        "flightlock={}",
+        level.to_ascii_lowercase()
+    ))
+    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("flightlock=warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -164,11 +234,32 @@ async fn main() -> ExitCode {
         Err(e) => {
             // The lock's errors say everything in their own message; others carry context.
             match e.downcast_ref::<flightlock::Error>() {
-                Some(lock_error) => eprintln!("flightlock: {lock_error}"),
-                None => eprintln!("flightlock: {e:#}"),
+                Some(lock_error) => {
+                    eprintln!("flightlock: {lock_error}");
+                    match lock_error {
+                        // Values out of range: usage errors, as clap's own are.
+                        flightlock::Error::InvalidOption { .. }
+                        | flightlock::Error::InvalidKey { .. } => ExitCode::from(EXIT_USAGE),
+                        _ => ExitCode::FAILURE,
+                    }
+                }
+                None => {
+                    eprintln!("flightlock: {e:#}");
+                    ExitCode::FAILURE
+                }
             }
-            ExitCode::FAILURE
         }
+    }
+}
+
+/// The error to show for `error`: when the request may have failed because the table is not a
+/// flightlock table (a `ValidationException`), the table check's error, which names the fix.
+/// The check is bounded, so a slow endpoint cannot hold the answer back.
+pub async fn explained(locker: &flightlock::Locker, error: flightlock::Error) -> anyhow::Error {
+    let check = tokio::time::timeout(std::time::Duration::from_secs(10), locker.explain(&error));
+    match check.await {
+        Ok(Some(better)) => better.into(),
+        _ => error.into(),
     }
 }
 
@@ -178,8 +269,18 @@ async fn create_table(conn: &Conn) -> anyhow::Result<ExitCode> {
         flightlock::table::Created::New => {
             println!("created table {} (pk/sk, TTL on expiresAt)", conn.table)
         }
-        flightlock::table::Created::Existing => {
-            println!("table {} already exists and is correct", conn.table)
+        flightlock::table::Created::Existing { ttl_turned_on } => {
+            if ttl_turned_on {
+                println!(
+                    "table {} already existed with keys pk/sk; TTL on expiresAt was off: turned it on",
+                    conn.table
+                )
+            } else {
+                println!(
+                    "table {} already exists with keys pk/sk and TTL on expiresAt: nothing changed",
+                    conn.table
+                )
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,17 +1,25 @@
 //! `flightlock run`: acquire, run a command under the lock, release.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use flightlock::{Locker, ReleaseOutcome};
+use flightlock::{EntryState, LockOptions, Locker, ReleaseOutcome};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{Conn, LockArgs, EXIT_BUSY, EXIT_CANNOT_RUN, EXIT_LOST, EXIT_NOT_FOUND};
+use crate::{explained, Conn, LockArgs, EXIT_BUSY, EXIT_CANNOT_RUN, EXIT_LOST, EXIT_NOT_FOUND};
+
+/// How often a waiting `run` says on stderr what it waits for, so a waiting terminal is never
+/// silent (the first line comes after one period: a quick acquisition prints nothing).
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long one progress look at the queue may take; a slower answer is reported as such.
+const PROGRESS_LOOK: Duration = Duration::from_secs(3);
 
 /// Arguments of `flightlock run`.
 #[derive(Args, Debug)]
@@ -32,23 +40,28 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let locker = Locker::new(args.conn.client().await, &args.conn.table);
     let opts = args.lock.options();
+    // Values out of range are usage errors: reported before any request.
+    opts.validate()?;
+    let (client, answered) = args.conn.watched_client().await;
+    let locker = Locker::new(client, &args.conn.table);
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
+    let progress = tokio::spawn(progress(locker.clone(), args.key.clone(), opts.clone()));
     let acquired = tokio::select! {
         r = locker.acquire(&args.key, &opts) => r,
-        _ = sigint.recv() => return interrupted(&locker, 130).await,
-        _ = sigterm.recv() => return interrupted(&locker, 143).await,
+        _ = sigint.recv() => return interrupted(&locker, &answered, progress, 130).await,
+        _ = sigterm.recv() => return interrupted(&locker, &answered, progress, 143).await,
     };
+    progress.abort();
     let guard = match acquired {
         Ok(g) => g,
         Err(e) if e.is_busy() => {
             eprintln!("flightlock: {e}");
             return Ok(ExitCode::from(EXIT_BUSY));
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(explained(&locker, e).await),
     };
     tracing::info!(key = %args.key, token = guard.token(), waited_ms = guard.waited().as_millis() as u64, "acquired");
 
@@ -134,10 +147,62 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// Every [`PROGRESS_EVERY`], one line on stderr: who holds the key and how many wait, or that
+/// DynamoDB does not answer (the acquisition keeps retrying such faults within its wait).
+async fn progress(locker: Locker, key: String, opts: LockOptions) {
+    let started = tokio::time::Instant::now();
+    let until = match opts.wait.as_duration() {
+        Some(d) => format!("gives up after {d:?}"),
+        None => "waits until it gets the key; Ctrl-C to give up".to_owned(),
+    };
+    loop {
+        tokio::time::sleep(PROGRESS_EVERY).await;
+        let look = tokio::time::timeout(PROGRESS_LOOK, locker.queue(&key, opts.clock_skew)).await;
+        let what = match look {
+            Ok(Ok(entries)) => {
+                let waiting = entries
+                    .iter()
+                    .filter(|e| e.state == EntryState::Waiting)
+                    .count();
+                match entries.iter().find(|e| e.state == EntryState::Holding) {
+                    Some(h) => format!(
+                        "held by ticket {} (owner {}{}), {waiting} waiting",
+                        h.ticket,
+                        h.owner,
+                        h.holder
+                            .host
+                            .as_ref()
+                            .map(|host| format!(", host {host}"))
+                            .unwrap_or_default()
+                    ),
+                    None => format!("no live holder, {waiting} waiting"),
+                }
+            }
+            Ok(Err(e)) => format!("DynamoDB is not answering as it should ({e}); retrying"),
+            Err(_) => format!("DynamoDB did not answer within {PROGRESS_LOOK:?}; retrying"),
+        };
+        eprintln!(
+            "flightlock: waiting for key {key:?} for {}s: {what} ({until})",
+            started.elapsed().as_secs()
+        );
+    }
+}
+
 /// Interrupted while waiting: the cancelled acquisition removes its row in the background; wait
-/// for that before exiting.
-async fn interrupted(locker: &Locker, code: u8) -> anyhow::Result<ExitCode> {
-    eprintln!("flightlock: interrupted while waiting; leaving the queue");
+/// for that before exiting. If DynamoDB never answered, there is no queue to speak of (a request
+/// that landed with its answer lost is removed all the same).
+async fn interrupted(
+    locker: &Locker,
+    answered: &AtomicBool,
+    progress: tokio::task::JoinHandle<()>,
+    code: u8,
+) -> anyhow::Result<ExitCode> {
+    progress.abort();
+    if answered.load(Ordering::Relaxed) {
+        eprintln!("flightlock: interrupted while waiting; leaving the queue");
+    } else {
+        eprintln!("flightlock: interrupted before DynamoDB ever answered; no lock was held");
+    }
     locker.flush().await;
     Ok(ExitCode::from(code))
 }

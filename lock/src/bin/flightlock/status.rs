@@ -19,13 +19,16 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
     /// How far clocks may disagree when judging stale rows.
-    #[arg(long, default_value = "1s", value_parser = ClockSkew::parse)]
+    #[arg(long, default_value = "1s", allow_hyphen_values = true, value_parser = ClockSkew::parse)]
     max_clock_skew: ClockSkew,
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let locker = Locker::new(args.conn.client().await, &args.conn.table);
-    let entries = locker.queue(&args.key, args.max_clock_skew).await?;
+    let entries = match locker.queue(&args.key, args.max_clock_skew).await {
+        Ok(entries) => entries,
+        Err(e) => return Err(crate::explained(&locker, e).await),
+    };
     if args.json {
         let out =
             serde_json::json!({ "table": args.conn.table, "key": args.key, "queue": entries });

@@ -16,7 +16,7 @@ pub struct SweepArgs {
     pub conn: Conn,
     /// Remove rows whose lease ended more than this long ago. Must be at least the largest
     /// clock-skew allowance of any lock user (plus the sweeper's own clock error).
-    #[arg(long, default_value = "10m", value_parser = flightlock::parse_duration)]
+    #[arg(long, default_value = "10m", allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     grace: Duration,
     /// Report what would be deleted; delete nothing.
     #[arg(long)]
@@ -25,20 +25,33 @@ pub struct SweepArgs {
     #[arg(long)]
     json: bool,
     /// Conditional deletes in flight at once.
-    #[arg(long, default_value_t = DEFAULT_CONCURRENCY)]
+    #[arg(long, default_value_t = DEFAULT_CONCURRENCY, allow_negative_numbers = true, value_parser = count::<usize>)]
     concurrency: usize,
     /// Parallel scan segments.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count::<u32>)]
     segments: u32,
     /// Items read per Scan page (default: DynamoDB's 1 MB pages).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count::<u32>)]
     page_size: Option<u32>,
     /// Stop starting new work after this long and report where to resume.
-    #[arg(long, value_parser = flightlock::parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     budget: Option<Duration>,
     /// Continue an incomplete sweep: the `resume` array of its JSON summary.
     #[arg(long, value_name = "JSON")]
     resume: Option<String>,
+}
+
+/// A count: a whole number from 1 up (the sweeper checks the upper bound of each).
+fn count<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => s
+            .trim()
+            .parse::<T>()
+            .map_err(|_| format!("{s:?} is too large")),
+        _ => Err(format!(
+            "{s:?} is not a count; accepted: a whole number from 1 up, e.g. 8"
+        )),
+    }
 }
 
 pub async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
@@ -57,7 +70,16 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
         resume,
         ..SweepOptions::default()
     };
-    let sweeper = Sweeper::new(args.conn.client().await, &args.conn.table);
+    let client = args.conn.client().await;
+    // A table with other keys would sweep as "0 queue rows": say what it is instead. Only that
+    // verdict stops the sweep; a check that cannot run (no DescribeTable permission, say) leaves
+    // the sweep to report for itself.
+    if let Err(e @ flightlock::Error::WrongKeySchema { .. }) =
+        flightlock::table::verify_table(&client, &args.conn.table).await
+    {
+        return Err(e.into());
+    }
+    let sweeper = Sweeper::new(client, &args.conn.table);
     let summary = sweeper.sweep(&opts).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

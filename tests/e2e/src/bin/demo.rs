@@ -14,6 +14,7 @@
 //! Local; it needs root (each environment gets its own `/opt` in a private mount namespace).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -21,8 +22,25 @@ use flightlock::{ClockSkew, EntryState, Locker};
 use flightlock_e2e::{runs, Env, Runtime, Spec};
 use serde_json::{json, Value};
 
+/// A section title: bold on a terminal, plain text when the output goes to a file or a pipe.
 fn title(s: &str) {
-    println!("\n\x1b[1m━━ {s}\x1b[0m");
+    if std::io::stdout().is_terminal() {
+        println!("\n\x1b[1m━━ {s}\x1b[0m");
+    } else {
+        println!("\n━━ {s}");
+    }
+}
+
+/// A function's answer as a reader should see it: without `seq`, the field the demo handler
+/// echoes for the end-to-end tests' bookkeeping.
+fn shown(body: &[u8]) -> String {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut map)) => {
+            map.remove("seq");
+            Value::Object(map).to_string()
+        }
+        _ => String::from_utf8_lossy(body).into_owned(),
+    }
 }
 
 fn note(s: &str) {
@@ -140,7 +158,7 @@ async fn part_one(endpoint: &str, table: &str, locker: &Locker, work: &Path) {
     let (results, ()) = tokio::join!(burst, peek);
     note("Answers:");
     for (name, r, took) in &results {
-        let body = String::from_utf8_lossy(&r.body);
+        let body = shown(&r.body);
         note(&format!(
             "  {name}  {:>6.0} ms  HTTP {}  {body}",
             took.as_secs_f64() * 1000.0,
@@ -162,7 +180,7 @@ async fn part_one(endpoint: &str, table: &str, locker: &Locker, work: &Path) {
     note(&format!(
         "  env-b  HTTP {}  {}",
         again.status,
-        String::from_utf8_lossy(&again.body)
+        shown(&again.body)
     ));
     for e in envs {
         e.stop().await;
@@ -260,7 +278,7 @@ async fn part_three(endpoint: &str, table: &str, locker: &Locker, work: &Path) {
     note(&format!(
         "  env-y  HTTP {}  {}  — {:.1} s after the kill (lease 4 s + clock-skew allowance 1 s at most)",
         r.status,
-        String::from_utf8_lossy(&r.body),
+        shown(&r.body),
         killed.elapsed().as_secs_f64()
     ));
     survivor.stop().await;
@@ -329,13 +347,35 @@ async fn part_three(endpoint: &str, table: &str, locker: &Locker, work: &Path) {
     show_queue(locker, "billing-run").await;
 }
 
+/// The CLI built with this demo (the same profile directory), else any build of it.
 fn cli_bin() -> PathBuf {
+    if let Some(beside) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("flightlock")))
+        .filter(|p| p.is_file())
+    {
+        return beside;
+    }
     let root = flightlock_e2e::repo_root();
-    for profile in ["release", "debug"] {
+    for profile in ["debug", "release"] {
         let p = root.join("target").join(profile).join("flightlock");
         if p.is_file() {
             return p;
         }
     }
     panic!("the flightlock CLI is not built: cargo build -p flightlock --features cli --bin flightlock");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn answers_are_shown_without_the_test_only_seq() {
+        assert_eq!(
+            shown(br#"{"ok":true,"requestId":"r1","seq":null}"#),
+            r#"{"ok":true,"requestId":"r1"}"#
+        );
+        assert_eq!(shown(b"plain text"), "plain text");
+    }
 }
