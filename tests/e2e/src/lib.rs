@@ -22,8 +22,9 @@
 // Test support: panicking with a clear message is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod fake_lambda;
+pub mod platform;
 mod rounds;
+pub mod sandbox;
 
 pub use rounds::{
     check_skip_round, fifo_round, finish, invoke_all, record_file, skip_rounds, start_all, stop_all,
