@@ -13,7 +13,7 @@ use crate::{repo_root, workspace_bin};
 pub struct Extension {
     /// The process (killed on drop).
     pub child: tokio::process::Child,
-    /// Its stderr.
+    /// Its stdout and stderr.
     pub log: PathBuf,
     /// The proxy port.
     pub proxy_port: u16,
@@ -85,6 +85,12 @@ pub async fn extension(
         },
         Path::to_path_buf,
     );
+    // stdout (EMF metric lines) and stderr (logs) in one file, appended.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
     let mut cmd = tokio::process::Command::new(bin);
     cmd.env_clear()
         .envs(platform.lambda_env())
@@ -97,8 +103,8 @@ pub async fn extension(
         .env("FLIGHTLOCK_TABLE", table)
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
         .envs(extra.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
         .process_group(0)
         .kill_on_drop(true);
     let mut child = cmd.spawn().unwrap();
@@ -161,4 +167,19 @@ pub async fn queue(endpoint: &str, table: &str, key: &str) -> usize {
         .await
         .unwrap()
         .len()
+}
+
+/// Waits until `key` has no lock row, at most `limit` (a release follows the response that
+/// went upstream: the platform sees the response first). True if it got empty.
+pub async fn released(endpoint: &str, table: &str, key: &str, limit: Duration) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if queue(endpoint, table, key).await == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

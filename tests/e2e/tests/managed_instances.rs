@@ -54,10 +54,17 @@ async fn init_registers_for_shutdown_only_and_subscribes_to_telemetry() {
     assert_eq!(registrations.len(), 1, "{registrations:?}");
     assert_eq!(registrations[0].1, ["SHUTDOWN"]);
     assert!(platform.refusals().is_empty(), "{:?}", platform.refusals());
-    assert!(platform.init_errors().is_empty(), "{:?}", platform.init_errors());
+    assert!(
+        platform.init_errors().is_empty(),
+        "{:?}",
+        platform.init_errors()
+    );
     assert_eq!(platform.telemetry_subscribers().len(), 1);
     platform.shutdown("spindown");
-    let status = ext.exit(Duration::from_secs(10)).await.expect("exits after SHUTDOWN");
+    let status = ext
+        .exit(Duration::from_secs(10))
+        .await
+        .expect("exits after SHUTDOWN");
     assert!(status.success(), "{status}\n{}", ext.log());
 }
 
@@ -85,7 +92,10 @@ async fn several_invocations_in_flight_are_gated_independently() {
     // The second job-a invocation is skipped upstream by the proxy...
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     let (skipped, holder, skip) = loop {
-        assert!(tokio::time::Instant::now() < until, "no job-a invocation was skipped");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "no job-a invocation was skipped"
+        );
         let now = Duration::ZERO;
         if let Some(Outcome::Response(b)) = platform.outcome(&r1, now).await {
             break (&r1, &r3, b);
@@ -98,7 +108,11 @@ async fn several_invocations_in_flight_are_gated_independently() {
     let body: serde_json::Value = serde_json::from_slice(&skip).unwrap();
     assert_eq!(body["flightlock"]["skipped"], true, "{skipped}: {body}");
     assert_eq!(body["flightlock"]["key"], "job-a");
-    assert_eq!(body["flightlock"]["heldBy"]["requestId"], holder.as_str(), "{body}");
+    assert_eq!(
+        body["flightlock"]["heldBy"]["requestId"],
+        holder.as_str(),
+        "{body}"
+    );
 
     // ...while the other job-a and the job-b invocation are both handed to the runtime, at the
     // same time (neither has answered yet).
@@ -134,7 +148,9 @@ async fn several_invocations_in_flight_are_gated_independently() {
         let req = http::Request::post(format!(
             "http://127.0.0.1:{port}/2018-06-01/runtime/invocation/{id}/response"
         ))
-        .body(Full::new(bytes::Bytes::from(format!("{{\"done\":\"{id}\"}}"))))
+        .body(Full::new(bytes::Bytes::from(format!(
+            "{{\"done\":\"{id}\"}}"
+        ))))
         .unwrap();
         let resp = client.request(req).await.unwrap();
         assert_eq!(resp.status(), 202);
@@ -149,7 +165,10 @@ async fn several_invocations_in_flight_are_gated_independently() {
     }
 
     platform.shutdown("spindown");
-    let status = ext.exit(Duration::from_secs(5)).await.expect("exits after SHUTDOWN");
+    let status = ext
+        .exit(Duration::from_secs(5))
+        .await
+        .expect("exits after SHUTDOWN");
     assert!(status.success(), "{status}");
     polls[0].abort();
 
@@ -167,7 +186,10 @@ async fn several_invocations_in_flight_are_gated_independently() {
     for v in acquired {
         let span = &v["span"];
         assert_eq!(span["name"], "invocation", "{v}");
-        assert!(span["request_id"].is_string() && span["key"].is_string(), "{v}");
+        assert!(
+            span["request_id"].is_string() && span["key"].is_string(),
+            "{v}"
+        );
         assert!(span["ticket"].is_u64() && span["waited_ms"].is_u64(), "{v}");
     }
 }
@@ -209,9 +231,12 @@ async fn chains_with_another_proxy_through_flightlock_upstream() {
     .await;
     let id = platform.invoke(json!({}));
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let (got, _) = tokio::time::timeout(Duration::from_secs(10), next(client.clone(), ext.proxy_port))
-        .await
-        .unwrap();
+    let (got, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        next(client.clone(), ext.proxy_port),
+    )
+    .await
+    .unwrap();
     assert_eq!(got, id);
     let req = http::Request::post(format!(
         "http://127.0.0.1:{}/2018-06-01/runtime/invocation/{id}/response",
@@ -241,9 +266,12 @@ async fn shutdown_with_invocations_in_flight_releases_them_at_once() {
     ];
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     for _ in 0..2 {
-        let got = tokio::time::timeout(Duration::from_secs(10), next(client.clone(), ext.proxy_port))
-            .await
-            .expect("an event is handed over");
+        let got = tokio::time::timeout(
+            Duration::from_secs(10),
+            next(client.clone(), ext.proxy_port),
+        )
+        .await
+        .expect("an event is handed over");
         assert!(ids.contains(&got.0), "{got:?}");
     }
     for key in ["job-a", "job-b"] {
@@ -258,6 +286,10 @@ async fn shutdown_with_invocations_in_flight_releases_them_at_once() {
         .expect("SHUTDOWN was not handled while invocations were in flight");
     assert!(status.success(), "{status}");
     for key in ["job-a", "job-b"] {
-        assert_eq!(queue(&endpoint, &table, key).await, 0, "{key} still held after SHUTDOWN");
+        assert_eq!(
+            queue(&endpoint, &table, key).await,
+            0,
+            "{key} still held after SHUTDOWN"
+        );
     }
 }

@@ -72,7 +72,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, hyp
         ("GET", "/2020-01-01/extension/event/next") => ext_next(&shared, &path, ext_id).await,
         ("POST", "/2020-01-01/extension/init/error") => {
             let who = ext_id.unwrap_or_default();
-            init_error(&shared, who, header("lambda-extension-function-error-type"), &body)
+            init_error(
+                &shared,
+                who,
+                header("lambda-extension-function-error-type"),
+                &body,
+            )
         }
         ("POST", "/2020-01-01/extension/exit/error") => json(StatusCode::ACCEPTED, ok()),
         ("PUT", "/2022-07-01/telemetry") => telemetry(&shared, &path, &body),
@@ -91,10 +96,19 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, hyp
             header("lambda-runtime-function-error-type"),
             &body,
         ),
-        ("POST", p) if p.starts_with("/2018-06-01/runtime/invocation/") => {
-            finish(&shared, p, header("lambda-runtime-function-error-type"), body)
-        }
-        _ => refuse(&shared, &path, StatusCode::NOT_FOUND, "NotFound", "no such path"),
+        ("POST", p) if p.starts_with("/2018-06-01/runtime/invocation/") => finish(
+            &shared,
+            p,
+            header("lambda-runtime-function-error-type"),
+            body,
+        ),
+        _ => refuse(
+            &shared,
+            &path,
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "no such path",
+        ),
     };
     Ok(resp)
 }
@@ -112,14 +126,32 @@ fn register(shared: &Shared, path: &str, name: Option<String>, body: &[u8]) -> R
         return refuse(shared, path, status, t, m);
     }
     let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return refuse(shared, path, forbidden, "Extension.InvalidExtensionName", "Empty extension name");
+        return refuse(
+            shared,
+            path,
+            forbidden,
+            "Extension.InvalidExtensionName",
+            "Empty extension name",
+        );
     };
     let events: Vec<String> = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v) => v["events"]
             .as_array()
-            .map(|a| a.iter().filter_map(|e| e.as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default(),
-        Err(e) => return refuse(shared, path, forbidden, "InvalidRequestFormat", &e.to_string()),
+        Err(e) => {
+            return refuse(
+                shared,
+                path,
+                forbidden,
+                "InvalidRequestFormat",
+                &e.to_string(),
+            )
+        }
     };
     for e in &events {
         let allowed = match shared.options.mode {
@@ -135,7 +167,13 @@ fn register(shared: &Shared, path: &str, name: Option<String>, body: &[u8]) -> R
     let mut s = shared.lock();
     if s.registration_closed {
         drop(s);
-        return refuse(shared, path, forbidden, "Extension.RegistrationClosed", "Extension registration closed already");
+        return refuse(
+            shared,
+            path,
+            forbidden,
+            "Extension.RegistrationClosed",
+            "Extension registration closed already",
+        );
     }
     s.next_ext += 1;
     let id = format!("ext-{}-{}", s.next_ext, now_ms() % 100_000);
@@ -152,8 +190,10 @@ fn register(shared: &Shared, path: &str, name: Option<String>, body: &[u8]) -> R
         StatusCode::OK,
         serde_json::json!({"functionName": "double", "functionVersion": "$LATEST", "handler": "x"}),
     );
-    r.headers_mut()
-        .insert("lambda-extension-identifier", HeaderValue::from_str(&id).unwrap());
+    r.headers_mut().insert(
+        "lambda-extension-identifier",
+        HeaderValue::from_str(&id).unwrap(),
+    );
     r
 }
 
@@ -193,7 +233,13 @@ async fn wait_take<T>(shared: &Shared, mut take: impl FnMut(&mut State) -> Optio
 
 async fn ext_next(shared: &Shared, path: &str, id: Option<String>) -> Resp {
     let Some(id) = id.filter(|id| shared.lock().exts.iter().any(|e| &e.id == id)) else {
-        return refuse(shared, path, StatusCode::FORBIDDEN, "Extension.UnknownExtensionIdentifier", "unknown extension id");
+        return refuse(
+            shared,
+            path,
+            StatusCode::FORBIDDEN,
+            "Extension.UnknownExtensionIdentifier",
+            "unknown extension id",
+        );
     };
     if let Some(e) = shared.lock().exts.iter_mut().find(|e| e.id == id) {
         e.waiting = true;
@@ -238,7 +284,10 @@ fn telemetry(shared: &Shared, path: &str, body: &[u8]) -> Resp {
     } else {
         &["2022-07-01", "2022-12-13", "2025-01-29"]
     };
-    if !v["schemaVersion"].as_str().is_some_and(|s| schemas.contains(&s)) {
+    if !v["schemaVersion"]
+        .as_str()
+        .is_some_and(|s| schemas.contains(&s))
+    {
         return bad("schemaVersion not supported");
     }
     let types_ok = v["types"].as_array().is_some_and(|t| {
@@ -250,11 +299,20 @@ fn telemetry(shared: &Shared, path: &str, body: &[u8]) -> Resp {
         return bad("types");
     }
     let b = &v["buffering"];
-    let in_range = |f: &str, lo: u64, hi: u64| b[f].as_u64().map_or(b[f].is_null(), |x| (lo..=hi).contains(&x));
-    if !(in_range("maxItems", 1000, 10000) && in_range("maxBytes", 262144, 1048576) && in_range("timeoutMs", 25, 30000)) {
+    let in_range = |f: &str, lo: u64, hi: u64| {
+        b[f].as_u64()
+            .map_or(b[f].is_null(), |x| (lo..=hi).contains(&x))
+    };
+    if !(in_range("maxItems", 1000, 10000)
+        && in_range("maxBytes", 262144, 1048576)
+        && in_range("timeoutMs", 25, 30000))
+    {
         return bad("buffering out of range");
     }
-    let Some(uri) = v["destination"]["URI"].as_str().filter(|_| v["destination"]["protocol"] == "HTTP") else {
+    let Some(uri) = v["destination"]["URI"]
+        .as_str()
+        .filter(|_| v["destination"]["protocol"] == "HTTP")
+    else {
         return bad("destination");
     };
     shared.lock().telemetry_uris.push(uri.to_owned());
@@ -264,11 +322,13 @@ fn telemetry(shared: &Shared, path: &str, body: &[u8]) -> Resp {
 /// Sends one telemetry event to every subscriber.
 fn emit(shared: &Shared, kind: &str, record: serde_json::Value) {
     let uris = shared.lock().telemetry_uris.clone();
-    let batch = serde_json::json!([{"time": now_ms().to_string(), "type": kind, "record": record}]).to_string();
+    let batch = serde_json::json!([{"time": now_ms().to_string(), "type": kind, "record": record}])
+        .to_string();
     for uri in uris {
         let batch = batch.clone();
         tokio::spawn(async move {
-            let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+            let client =
+                hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
             if let Ok(req) = Request::post(uri).body(Full::new(Bytes::from(batch))) {
                 let _ = client.request(req).await;
             }
@@ -310,7 +370,11 @@ async fn runtime_next(shared: &Shared) -> Resp {
                 "invokedFunctionArn": "arn:aws:lambda:us-east-1:000000000000:function:double",
                 "tracing": {"type": "X-Amzn-Trace-Id", "value": "Root=1-0-0"},
             });
-            for e in s.exts.iter_mut().filter(|e| e.events.iter().any(|v| v == "INVOKE")) {
+            for e in s
+                .exts
+                .iter_mut()
+                .filter(|e| e.events.iter().any(|v| v == "INVOKE"))
+            {
                 e.queue.push_back(event.clone());
             }
         }
@@ -323,19 +387,35 @@ async fn runtime_next(shared: &Shared) -> Resp {
         signal_groups(&groups, "CONT");
     }
     shared.touch();
-    emit(shared, "platform.start", serde_json::json!({"requestId": inv.id, "version": "$LATEST"}));
+    emit(
+        shared,
+        "platform.start",
+        serde_json::json!({"requestId": inv.id, "version": "$LATEST"}),
+    );
     let mut r = Response::new(Full::new(inv.payload.clone()));
     let h = r.headers_mut();
-    h.insert("lambda-runtime-aws-request-id", HeaderValue::from_str(&inv.id).unwrap());
-    h.insert("lambda-runtime-deadline-ms", HeaderValue::from(inv.deadline_ms));
+    h.insert(
+        "lambda-runtime-aws-request-id",
+        HeaderValue::from_str(&inv.id).unwrap(),
+    );
+    h.insert(
+        "lambda-runtime-deadline-ms",
+        HeaderValue::from(inv.deadline_ms),
+    );
     h.insert(
         "lambda-runtime-invoked-function-arn",
         HeaderValue::from_static("arn:aws:lambda:us-east-1:000000000000:function:double"),
     );
-    h.insert("lambda-runtime-trace-id", HeaderValue::from_static("Root=1-0-0"));
+    h.insert(
+        "lambda-runtime-trace-id",
+        HeaderValue::from_static("Root=1-0-0"),
+    );
     h.insert("content-type", HeaderValue::from_static("application/json"));
     if let Some(t) = &shared.options.tenant {
-        h.insert("lambda-runtime-aws-tenant-id", HeaderValue::from_str(t).unwrap());
+        h.insert(
+            "lambda-runtime-aws-tenant-id",
+            HeaderValue::from_str(t).unwrap(),
+        );
     }
     r
 }
@@ -343,7 +423,13 @@ async fn runtime_next(shared: &Shared) -> Resp {
 /// `GET restore/next`: SnapStart only; returns once the snapshot is restored.
 async fn restore_next(shared: &Shared, path: &str) -> Resp {
     if shared.options.mode != Mode::SnapStart {
-        return refuse(shared, path, StatusCode::NOT_FOUND, "NotFound", "restore/next is served to SnapStart functions only");
+        return refuse(
+            shared,
+            path,
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "restore/next is served to SnapStart functions only",
+        );
     }
     wait_take(shared, |s| s.restored.then_some(())).await;
     json(StatusCode::OK, serde_json::json!({}))
@@ -357,19 +443,37 @@ fn finish(shared: &Shared, path: &str, error_type: Option<String>, body: Bytes) 
     let outcome = match kind {
         "response" => Outcome::Response(body),
         "error" => Outcome::Error(error_type, body),
-        _ => return refuse(shared, path, StatusCode::NOT_FOUND, "NotFound", "no such path"),
+        _ => {
+            return refuse(
+                shared,
+                path,
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "no such path",
+            )
+        }
     };
     let mut s = shared.lock();
     if s.running.remove(id).is_none() {
         drop(s);
-        return refuse(shared, path, StatusCode::BAD_REQUEST, "InvalidRequestID", "Invalid request ID");
+        return refuse(
+            shared,
+            path,
+            StatusCode::BAD_REQUEST,
+            "InvalidRequestID",
+            "Invalid request ID",
+        );
     }
     s.outcomes.insert(id.to_owned(), outcome);
     drop(s);
     shared.touch();
     // No `platform.runtimeDone` on Managed Instances.
     if !is_mi(shared) {
-        emit(shared, "platform.runtimeDone", serde_json::json!({"requestId": id, "status": "success"}));
+        emit(
+            shared,
+            "platform.runtimeDone",
+            serde_json::json!({"requestId": id, "status": "success"}),
+        );
     }
     json(StatusCode::ACCEPTED, ok())
 }

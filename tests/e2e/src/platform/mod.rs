@@ -224,7 +224,10 @@ impl Platform {
         };
         let mut env = vec![
             ("AWS_LAMBDA_RUNTIME_API".to_owned(), self.addr().to_string()),
-            ("AWS_LAMBDA_INITIALIZATION_TYPE".to_owned(), init_type.to_owned()),
+            (
+                "AWS_LAMBDA_INITIALIZATION_TYPE".to_owned(),
+                init_type.to_owned(),
+            ),
         ];
         if let Some(c) = concurrency {
             env.push(("AWS_LAMBDA_MAX_CONCURRENCY".to_owned(), c.to_string()));
@@ -250,7 +253,10 @@ impl Platform {
     /// Waits until invocation `id` ended, at most `limit`.
     pub async fn outcome(&self, id: &str, limit: Duration) -> Option<Outcome> {
         let shared = self.shared.clone();
-        wait(&self.shared, limit, move || shared.lock().outcomes.get(id).cloned()).await
+        wait(&self.shared, limit, move || {
+            shared.lock().outcomes.get(id).cloned()
+        })
+        .await
     }
 
     /// Waits until `f` of the state holds, at most `limit`.
@@ -274,6 +280,11 @@ impl Platform {
     /// True while the sandbox is frozen.
     pub fn is_frozen(&self) -> bool {
         self.shared.lock().frozen
+    }
+
+    /// How many times the sandbox has been frozen.
+    pub fn freezes(&self) -> usize {
+        self.shared.lock().freezes
     }
 
     /// Waits until the sandbox has been frozen at least `n` times (and is frozen now).
@@ -361,7 +372,11 @@ fn shutdown(shared: &Shared, reason: &str) {
         "shutdownReason": reason,
         "deadlineMs": now_ms() + 2000,
     });
-    for e in s.exts.iter_mut().filter(|e| e.events.iter().any(|v| v == "SHUTDOWN")) {
+    for e in s
+        .exts
+        .iter_mut()
+        .filter(|e| e.events.iter().any(|v| v == "SHUTDOWN"))
+    {
         e.queue.push_back(event.clone());
     }
     drop(s);
