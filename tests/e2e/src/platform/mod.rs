@@ -185,6 +185,7 @@ fn signal_groups(groups: &[i32], signal: &str) {
     for g in groups {
         let _ = std::process::Command::new("kill")
             .args([format!("-{signal}"), "--".into(), format!("-{g}")])
+            .stderr(std::process::Stdio::null())
             .status();
     }
 }
