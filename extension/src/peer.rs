@@ -12,13 +12,13 @@
 //!    itself; for a bash runtime the holder is a short-lived `curl` and the runtime is its parent.
 //!
 //! The answer is the runtime process, never the short-lived client: the crash watch then follows
-//! the runtime's whole tree (see [`crate::runtime_process::RuntimeTree`]). Anything unreadable or
-//! ambiguous gives `None` ("unknown"): nothing is released early then.
+//! the runtime's whole tree (see [`crate::runtime_process::RuntimeTree`]). Anything unreadable
+//! gives `None` ("unknown"): nothing is released early then.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
-use crate::runtime_process::{environ_has, snapshot, Proc, Stat, PID_MARKER};
+use crate::runtime_process::{environ_has, parse_stat, Proc, Stat, PID_MARKER};
 
 /// Parses an address of `/proc/net/tcp` (`0100007F:1F91`) or `/proc/net/tcp6` (32 hex digits,
 /// then the port). The kernel prints each 32-bit word of the address as a number in the host's
@@ -67,34 +67,36 @@ pub fn socket_inode(table: &str, local: SocketAddr, remote: SocketAddr) -> Optio
     })
 }
 
-/// The pids of the processes holding socket `inode`.
-pub fn socket_holders(proc_root: &Path, inode: u64) -> Vec<u32> {
+/// A process holding socket `inode`: the newest first (a runtime's HTTP client is usually the
+/// newest process), and the scan stops at the first one found. A socket is shared only by
+/// processes that inherited it, which all lead to the same runtime.
+pub fn socket_holder(proc_root: &Path, inode: u64) -> Option<u32> {
     let target = format!("socket:[{inode}]");
-    let Ok(dir) = std::fs::read_dir(proc_root) else {
-        return Vec::new();
-    };
-    dir.flatten()
+    let mut pids: Vec<u32> = std::fs::read_dir(proc_root)
+        .ok()?
+        .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
-                fds.flatten().any(|fd| {
-                    std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str())
-                })
+        .collect();
+    pids.sort_unstable_by(|a, b| b.cmp(a));
+    pids.into_iter().find(|pid| {
+        std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str())
             })
         })
-        .collect()
+    })
 }
 
-/// Walks up from `start` through `table` to the first process for which `is_runtime` holds
-/// (at most 64 steps; pid 0 and 1 end the walk). Pure.
+/// Walks up from `start` (its parents by `stat_of`) to the first process for which `is_runtime`
+/// holds (at most 64 steps; pid 0 and 1 end the walk). Pure given its two functions.
 pub fn runtime_ancestor(
-    table: &[Stat],
+    stat_of: impl Fn(u32) -> Option<Stat>,
     start: u32,
     is_runtime: impl Fn(u32) -> bool,
 ) -> Option<Proc> {
     let mut pid = start;
     for _ in 0..64 {
-        let stat = table.iter().find(|s| s.proc.pid == pid && s.alive)?;
+        let stat = stat_of(pid).filter(|s| s.alive && s.proc.pid == pid)?;
         if is_runtime(pid) {
             return Some(stat.proc);
         }
@@ -118,30 +120,22 @@ pub fn runtime_of_connection(
         let text = std::fs::read_to_string(proc_root.join(t)).ok()?;
         socket_inode(&text, peer, proxy)
     })?;
-    let table = snapshot(proc_root);
+    let stat_of = |pid: u32| {
+        let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+        parse_stat(&text)
+    };
     let is_runtime = |pid: u32| {
         std::fs::read(proc_root.join(pid.to_string()).join("environ")).is_ok_and(|env| {
             environ_has(&env, PID_MARKER, &pid.to_string())
                 && environ_has(&env, "AWS_LAMBDA_RUNTIME_API", runtime_api)
         })
     };
-    let mut found: Vec<Proc> = socket_holders(proc_root, inode)
-        .into_iter()
-        .filter_map(|pid| runtime_ancestor(&table, pid, is_runtime))
-        .collect();
-    found.sort_by_key(|p| (p.pid, p.start));
-    found.dedup();
-    // Holders under two different runtimes (a socket passed between them?): do not guess.
-    match found.as_slice() {
-        [one] => Some(*one),
-        _ => None,
-    }
+    runtime_ancestor(stat_of, socket_holder(proc_root, inode)?, is_runtime)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime_process::parse_stat;
 
     const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 0100007F:2331 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0
@@ -184,22 +178,15 @@ mod tests {
     fn the_walk_up_stops_at_the_wrapped_runtime() {
         // init(1) -> sandbox(5) -> bash runtime(10) -> curl(11); and a second runtime (20).
         let table = [stat(5, 1), stat(10, 5), stat(11, 10), stat(20, 5)];
+        let stat_of = |pid: u32| table.iter().find(|s| s.proc.pid == pid).copied();
         let runtimes = |pid: u32| pid == 10 || pid == 20;
-        assert_eq!(
-            runtime_ancestor(&table, 11, runtimes).map(|p| p.pid),
-            Some(10)
-        );
-        assert_eq!(
-            runtime_ancestor(&table, 10, runtimes).map(|p| p.pid),
-            Some(10)
-        );
-        assert_eq!(
-            runtime_ancestor(&table, 20, runtimes).map(|p| p.pid),
-            Some(20)
-        );
+        let walk = |start| runtime_ancestor(stat_of, start, runtimes).map(|p| p.pid);
+        assert_eq!(walk(11), Some(10));
+        assert_eq!(walk(10), Some(10));
+        assert_eq!(walk(20), Some(20));
         // Not under a runtime, or gone.
-        assert_eq!(runtime_ancestor(&table, 5, runtimes), None);
-        assert_eq!(runtime_ancestor(&table, 99, runtimes), None);
+        assert_eq!(walk(5), None);
+        assert_eq!(walk(99), None);
     }
 
     #[test]
@@ -211,7 +198,7 @@ mod tests {
         let proc_root = Path::new("/proc");
         let text = std::fs::read_to_string("/proc/net/tcp").unwrap();
         let inode = socket_inode(&text, peer, proxy).expect("the client socket is listed");
-        assert_eq!(socket_holders(proc_root, inode), vec![std::process::id()]);
+        assert_eq!(socket_holder(proc_root, inode), Some(std::process::id()));
         // This test process is no wrapped runtime: unknown.
         assert_eq!(
             runtime_of_connection(proc_root, peer, proxy, &proxy.to_string()),

@@ -237,10 +237,14 @@ impl Proxy {
             }
             let proxy = self.clone();
             let header_read_timeout = self.limits.header_read_timeout;
-            let conn = stream.local_addr().ok().map(|local| Conn { peer, local });
+            let conn = stream.local_addr().ok().map(|local| Conn {
+                peer,
+                local,
+                runtime: Arc::new(std::sync::OnceLock::new()),
+            });
             tokio::spawn(async move {
                 let _slot = slot;
-                let service = service_fn(move |req| proxy.clone().handle(req, conn));
+                let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
                 if let Err(e) = http1::Builder::new()
                     .preserve_header_case(true)
                     .timer(TokioTimer::new())
@@ -377,12 +381,15 @@ impl Proxy {
 }
 
 /// The two ends of a runtime connection.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Conn {
     /// The runtime side.
     peer: SocketAddr,
     /// The proxy side.
     local: SocketAddr,
+    /// The runtime process on the other end, once found: a keep-alive connection (awslambdaric,
+    /// aws-lambda-ric, `lambda_runtime`) is traced once, not at every event.
+    runtime: Arc<std::sync::OnceLock<Proc>>,
 }
 
 impl Proxy {
@@ -399,14 +406,25 @@ impl Proxy {
         let deadline = header(DEADLINE_HEADER)
             .and_then(|v| v.parse::<u64>().ok())
             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
-        let root = self.proc_root.clone();
-        let api = format!("127.0.0.1:{}", self.config.proxy_port);
-        let runtime = tokio::task::spawn_blocking(move || {
-            crate::peer::runtime_of_connection(&root, conn.peer, conn.local, &api)
-        })
-        .await
-        .ok()
-        .flatten();
+        let cached = conn.runtime.get().copied();
+        let runtime = match cached {
+            Some(p) => Some(p),
+            None => {
+                let root = self.proc_root.clone();
+                let api = format!("127.0.0.1:{}", self.config.proxy_port);
+                let (peer, local) = (conn.peer, conn.local);
+                let found = tokio::task::spawn_blocking(move || {
+                    crate::peer::runtime_of_connection(&root, peer, local, &api)
+                })
+                .await
+                .ok()
+                .flatten();
+                if let Some(p) = found {
+                    let _ = conn.runtime.set(p);
+                }
+                found
+            }
+        };
         if runtime.is_none() && !self.runtime_unknown_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 request_id = %id,
@@ -416,6 +434,12 @@ impl Proxy {
                  the deadline) lapses, not at once"
             );
         }
+        tracing::debug!(
+            request_id = %id,
+            runtime_pid = runtime.map(|p| p.pid),
+            cached = cached.is_some(),
+            "runtime process of the connection"
+        );
         slot.set_runtime(runtime);
         tokio::spawn(crate::lifecycle::watch_handed_over(
             self.clone(),

@@ -141,10 +141,46 @@ pub fn curl_runtime(
     record: &Path,
     name: &str,
 ) -> tokio::process::Child {
-    let root = repo_root();
-    tokio::process::Command::new(root.join("extension/layer/flightlock-wrapper"))
-        .arg("bash")
-        .arg(root.join("tests/e2e/runtimes/curl_bootstrap.sh"))
+    let bootstrap = repo_root().join("tests/e2e/runtimes/curl_bootstrap.sh");
+    let command = ["bash".to_owned(), bootstrap.display().to_string()];
+    wrapped(platform, proxy_port, record, name, &command, &repo_root())
+}
+
+/// `functions/demo-python/handler.py` under the Python runtime interface client `awslambdaric`
+/// (one keep-alive connection for all its requests), otherwise as [`curl_runtime`].
+pub fn python_runtime(
+    platform: &Platform,
+    proxy_port: u16,
+    record: &Path,
+    name: &str,
+) -> tokio::process::Child {
+    let python = std::env::var(crate::PYTHON_ENV).unwrap_or_else(|_| {
+        panic!(
+            "{} is not set: eval \"$(scripts/e2e-tools)\"",
+            crate::PYTHON_ENV
+        )
+    });
+    let command = [
+        python,
+        "-m".into(),
+        "awslambdaric".into(),
+        "handler.handler".into(),
+    ];
+    let dir = repo_root().join("functions/demo-python");
+    wrapped(platform, proxy_port, record, name, &command, &dir)
+}
+
+fn wrapped(
+    platform: &Platform,
+    proxy_port: u16,
+    record: &Path,
+    name: &str,
+    command: &[String],
+    dir: &Path,
+) -> tokio::process::Child {
+    tokio::process::Command::new(repo_root().join("extension/layer/flightlock-wrapper"))
+        .args(command)
+        .current_dir(dir)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(platform.lambda_env())

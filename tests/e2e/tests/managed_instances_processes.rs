@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use flightlock_e2e::platform::{Mode, Options, Outcome, Platform};
-use flightlock_e2e::sandbox::{self, curl_runtime, queue, released};
+use flightlock_e2e::sandbox::{self, curl_runtime, python_runtime, queue, released};
 use flightlock_e2e::{record_file, repo_root, runs, table};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -242,4 +242,53 @@ async fn a_runtime_process_that_exits_during_init_leaves_the_others_gated() {
     flightlock_e2e::assert_no_overlap(&all);
     assert!(released(&endpoint, &table, "job-a", Duration::from_secs(5)).await);
     assert!(!ext.log().contains(EARLY_RELEASE), "{}", ext.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awslambdaric_processes_keep_their_connection_and_a_crash_releases_at_once() {
+    let (endpoint, table) = table("e2e_mi_python").await;
+    let record = record_file("mi-python");
+    let platform = Platform::start(managed_instances()).await;
+    let extra = [
+        ("FLIGHTLOCK_KEY", "job-{/k}"),
+        ("FLIGHTLOCK_WAIT", "0"),
+        ("FLIGHTLOCK_LEASE", "60s"),
+        ("FLIGHTLOCK_LOG_LEVEL", "debug"),
+    ];
+    let ext = sandbox::extension(&platform, &endpoint, &table, &extra, None).await;
+    let _a = python_runtime(&platform, ext.proxy_port, &record, "py-a");
+    let _b = python_runtime(&platform, ext.proxy_port, &record, "py-b");
+    assert!(
+        platform
+            .wait_runtimes_waiting(2, Duration::from_secs(20))
+            .await
+    );
+    // A few plain runs first: the runtime of each keep-alive connection is traced once.
+    for seq in 1..=3 {
+        let id = platform.invoke(json!({"k": "a", "seq": seq, "sleepMs": 100}));
+        let body = response(platform.outcome(&id, Duration::from_secs(15)).await);
+        assert!(body.get("flightlock").is_none(), "skipped: {body}");
+        // The release follows the response the platform already has.
+        assert!(released(&endpoint, &table, "job-a", Duration::from_secs(5)).await);
+    }
+    assert!(!ext.log().contains(EARLY_RELEASE), "{}", ext.log());
+    // Three events over at most two keep-alive connections: at least one was a known connection.
+    let log = ext.log();
+    let traced: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("runtime process of the connection"))
+        .collect();
+    assert!(traced.iter().all(|l| l.contains("runtime_pid=")), "{log}");
+    assert!(traced.iter().any(|l| l.contains("cached=true")), "{log}");
+    platform.invoke(json!({"k": "a", "seq": 4, "sleepMs": 300, "mode": "crash"}));
+    assert!(
+        ext.wait_log(EARLY_RELEASE, Duration::from_secs(15)).await,
+        "the crashed process's lock was not released early:\n{}",
+        ext.log()
+    );
+    assert!(released(&endpoint, &table, "job-a", Duration::from_secs(5)).await);
+    let id = platform.invoke(json!({"k": "a", "seq": 5}));
+    let body = response(platform.outcome(&id, Duration::from_secs(15)).await);
+    assert!(body.get("flightlock").is_none(), "skipped: {body}");
+    let _ = std::fs::remove_file(&record);
 }
