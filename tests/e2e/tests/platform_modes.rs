@@ -184,3 +184,95 @@ async fn snapstart_restore_and_tenant_header_pass_through_the_proxy() {
     let req = http::Request::get(url).body(Full::default()).unwrap();
     assert_eq!(client.request(req).await.unwrap().status(), 404);
 }
+
+/// The double itself refuses what Managed Instances refuses (the extension's tests above rely
+/// on it): INVOKE registration, the Logs API, other telemetry schemas, more invocations in
+/// flight than `AWS_LAMBDA_MAX_CONCURRENCY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_managed_instances_double_refuses_what_the_platform_refuses() {
+    let platform =
+        Platform::start(Options::new(Mode::ManagedInstances { max_concurrency: 2 })).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let base = format!("http://{}", platform.addr());
+    let call = |method: &str, path: &str, headers: &[(&str, &str)], body: &str| {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(bytes::Bytes::from(body.to_owned())))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let resp = client.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let id = resp
+                .headers()
+                .get("lambda-extension-identifier")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status, id, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let register = "/2020-01-01/extension/register";
+    let named = [("Lambda-Extension-Name", "probe")];
+    let (status, _, body) = call(
+        "POST",
+        register,
+        &named,
+        r#"{"events":["INVOKE","SHUTDOWN"]}"#,
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(body.contains("Extension.InvalidEventType"), "{body}");
+    let (status, id, _) = call("POST", register, &named, r#"{"events":["SHUTDOWN"]}"#).await;
+    assert_eq!(status, 200);
+    let id = id.unwrap();
+    let ext = [("Lambda-Extension-Identifier", id.as_str())];
+    let (status, _, body) = call("PUT", "/2020-08-15/logs", &ext, "{}").await;
+    assert!(
+        status == 202 && body.contains("Logs.NotSupported"),
+        "{status} {body}"
+    );
+    let old_schema = r#"{"schemaVersion":"2022-07-01","types":["platform"],"destination":{"protocol":"HTTP","URI":"http://127.0.0.1:1/"}}"#;
+    let (status, _, _) = call("PUT", "/2022-07-01/telemetry", &ext, old_schema).await;
+    assert_eq!(status, 400);
+    // Three invocations, at most two in flight: the third /next waits for an answer.
+    let ids: Vec<String> = (0..3).map(|i| platform.invoke(json!({"i": i}))).collect();
+    let next = "/2018-06-01/runtime/invocation/next";
+    let polls: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(call("GET", next, &[], "")))
+        .collect();
+    assert!(
+        platform
+            .wait_runtimes_waiting(1, Duration::from_secs(5))
+            .await
+    );
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while polls.iter().filter(|p| p.is_finished()).count() < 2 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "two events were not handed out"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(polls.iter().filter(|p| p.is_finished()).count(), 2);
+    assert_eq!(platform.max_in_flight(), 2);
+    let path = format!("/2018-06-01/runtime/invocation/{}/response", ids[0]);
+    assert_eq!(call("POST", &path, &[], "{}").await.0, 202);
+    // Answered twice: refused.
+    assert_eq!(call("POST", &path, &[], "{}").await.0, 400);
+    for p in polls {
+        let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), p)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    assert!(!platform.is_frozen());
+}
