@@ -170,7 +170,11 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
             upstream,
             host_name(),
         )
-        .with_mode(mode),
+        .with_mode(mode)
+        .with_limits(proxy::Limits {
+            max_connections: mode::connection_cap(&env),
+            ..proxy::Limits::default()
+        }),
     );
     tokio::spawn(proxy.clone().serve(listener));
     tracing::info!(%addr, key = %config.key, table = %config.table, mode = mode.name(), "flightlock proxy listening");

@@ -22,6 +22,10 @@ use std::collections::HashMap;
 pub const INITIALIZATION_TYPE: &str = "AWS_LAMBDA_INITIALIZATION_TYPE";
 /// Its value on Lambda Managed Instances.
 pub const MANAGED_INSTANCES: &str = "lambda-managed-instances";
+/// Lambda's variable giving the invocations an environment runs at once (Managed Instances).
+pub const MAX_CONCURRENCY: &str = "AWS_LAMBDA_MAX_CONCURRENCY";
+/// The proxy's connection cap when the environment does not ask for more.
+pub const DEFAULT_CONNECTIONS: usize = 256;
 
 /// The execution mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +61,18 @@ impl Mode {
             Mode::ManagedInstances => "lambda-managed-instances",
         }
     }
+}
+
+/// How many runtime connections the proxy serves at once (pure): the default, or room for
+/// every invocation `AWS_LAMBDA_MAX_CONCURRENCY` allows to be in flight with its `GET next` and
+/// its answer on separate connections, whichever is more. A value that is not a number is
+/// Lambda's to get right: the default then.
+pub fn connection_cap(env: &HashMap<String, String>) -> usize {
+    env.get(MAX_CONCURRENCY)
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(DEFAULT_CONNECTIONS, |n| {
+            DEFAULT_CONNECTIONS.max(n.saturating_mul(2).saturating_add(16))
+        })
 }
 
 /// The `errorType` and `errorMessage` of an Extensions API error body, as one line (pure). A body
@@ -143,6 +159,14 @@ mod tests {
         );
         assert_eq!(Mode::Standard.events(), ["INVOKE", "SHUTDOWN"]);
         assert_eq!(Mode::ManagedInstances.events(), ["SHUTDOWN"]);
+    }
+
+    #[test]
+    fn the_connection_cap_makes_room_for_the_allowed_concurrency() {
+        assert_eq!(connection_cap(&env(&[])), 256);
+        assert_eq!(connection_cap(&env(&[(MAX_CONCURRENCY, "64")])), 256);
+        assert_eq!(connection_cap(&env(&[(MAX_CONCURRENCY, "1000")])), 2016);
+        assert_eq!(connection_cap(&env(&[(MAX_CONCURRENCY, "lots")])), 256);
     }
 
     #[test]
