@@ -16,6 +16,11 @@
 //! --fork --mount-proc --kill-child`, as root): its `/opt` is a bind mount of a temporary
 //! directory laid out like the layer, and dropping the `Env` kills the whole namespace (RIE,
 //! extension, runtime).
+//! Where RIE cannot go (several invocations or runtime processes in one environment, freeze,
+//! refusals, SnapStart restore, the tenant header), [`platform`] is a Lambda platform double that
+//! follows each execution mode's documented rules and refuses what Lambda refuses, and
+//! [`sandbox`] starts the real extension and wrapped runtime processes on it.
+//!
 //! Every port is on 127.0.0.1: RIE's invoke endpoint (`--runtime-interface-emulator-address`),
 //! its Runtime API (`--runtime-api-address`) and the flightlock proxy (`FLIGHTLOCK_PROXY_PORT`).
 
