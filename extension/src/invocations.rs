@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use crate::runtime_process::Proc;
 
 /// Finished slots that nobody collected are dropped after this long (bounds memory if an INVOKE
-/// event is ever missed).
-const FORGET_AFTER: Duration = Duration::from_secs(3600);
+/// event is ever missed). On Managed Instances nobody collects them (no INVOKE events): see
+/// [`Invocations::forgetting_after`].
+pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// A held lock of one invocation (heartbeating until the gate releases it).
 pub use flightlock::gate::Held;
@@ -116,12 +117,28 @@ impl Slot {
 }
 
 /// All slots.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Invocations {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    forget_after: Duration,
+}
+
+impl Default for Invocations {
+    fn default() -> Invocations {
+        Invocations::forgetting_after(FORGET_AFTER)
+    }
 }
 
 impl Invocations {
+    /// Slots whose invocation is finished are dropped `after` this long (when a new slot is
+    /// made).
+    pub fn forgetting_after(after: Duration) -> Invocations {
+        Invocations {
+            slots: Mutex::new(HashMap::new()),
+            forget_after: after,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Slot>>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -132,7 +149,8 @@ impl Invocations {
         if let Some(s) = slots.get(id) {
             return s.clone();
         }
-        slots.retain(|_, s| !(s.is_done() && s.created.elapsed() > FORGET_AFTER));
+        let forget = self.forget_after;
+        slots.retain(|_, s| !(s.is_done() && s.created.elapsed() > forget));
         let s = Arc::new(Slot::new());
         slots.insert(id.to_owned(), s.clone());
         s

@@ -14,7 +14,11 @@
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
 //! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
-//! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN |
+//! | `mode` | the execution mode (standard or Lambda Managed Instances) and what it registers (pure) |
+//! | `extensions_api` | the Extensions and Telemetry API client (requests pure, sending thin) |
+//! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN; the Managed Instances watches |
+//! | `telemetry` | Managed Instances: `platform.start` from the Telemetry API drives the unenforced check |
+//! | `peer` | which runtime process is on the other end of a proxy connection (`/proc/net/tcp` → socket → process → wrapped ancestor) |
 //! | `metrics` | CloudWatch EMF lines |
 //! | `body` | streamed bodies, end-of-body notification |
 //! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
@@ -24,10 +28,14 @@
 //! error bodies and the metric names are in `extension/README.md`.
 
 pub mod body;
+pub mod extensions_api;
 pub mod invocations;
 pub mod lifecycle;
 pub mod metrics;
+pub mod mode;
+pub mod peer;
 pub mod proxy;
 pub mod runtime_api;
 pub mod runtime_process;
+pub mod telemetry;
 pub mod wrapper_check;

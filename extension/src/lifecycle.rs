@@ -1,59 +1,59 @@
-//! The Extensions API side: INVOKE and SHUTDOWN events.
+//! The Extensions API side: INVOKE and SHUTDOWN events, and the watches of invocations.
 //!
-//! Each INVOKE is watched by its own task, and the extension asks for its next event at once:
-//! several invocations in flight (Lambda Managed Instances), their unenforced checks and a
-//! SHUTDOWN never queue behind one another. The sandbox still never freezes while a lock is
-//! held: the proxy returns the runtime's response POST only after the lock is released, so the
-//! runtime cannot ask for its next event before that. The watch releases a crashed runtime's
-//! lock at once, and an INVOKE whose event never went through the proxy means the wrapper is not
-//! configured: the lock is not enforced, which is logged as an error and counted.
+//! Standard mode: each INVOKE is watched by its own task, and the extension asks for its next
+//! event at once: a later INVOKE, its unenforced check and a SHUTDOWN never queue behind an
+//! unfinished invocation. The sandbox still never freezes while a lock is held: the proxy
+//! returns the runtime's response POST only after the lock is released, so the runtime cannot
+//! ask for its next event before that. The watch releases a crashed runtime's lock at once, and
+//! an INVOKE whose event never went through the proxy means the wrapper is not configured: the
+//! lock is not enforced, which is logged as an error and counted.
+//!
+//! Lambda Managed Instances (no INVOKE events): the proxy starts the same crash watch itself when
+//! it hands an event to a runtime process ([`watch_handed_over`]), and the Telemetry API's
+//! `platform.start` drives the unenforced check ([`check_enforced`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lambda_extension::{LambdaEvent, NextEvent};
-use tokio::sync::mpsc;
+use lambda_extension::NextEvent;
 
 use crate::invocations::Slot;
 use crate::metrics::Metric;
 use crate::proxy::Proxy;
 use crate::runtime_process::RuntimeTree;
 
-/// How long after an INVOKE event the proxy must have fetched the event for the invocation to
-/// count as enforced, once a runtime has connected to the proxy. Both are released by Lambda at
-/// the same moment; this only absorbs scheduling delays. Before any runtime has connected there
-/// is no grace: the invocation is reported unenforced at once.
+/// How long after an INVOKE event (or a `platform.start`) the proxy must have fetched the event
+/// for the invocation to count as enforced, once a runtime has connected to the proxy. Both are
+/// released by Lambda at the same moment; this only absorbs scheduling delays. Before any
+/// runtime has connected there is no grace: the invocation is reported unenforced at once.
 pub const UNENFORCED_GRACE: Duration = Duration::from_secs(2);
 
 /// Time kept back from the shutdown deadline for the process to exit.
 const SHUTDOWN_RESERVE: Duration = Duration::from_millis(200);
 
-/// Handles one Extensions API event. After SHUTDOWN it sends on `shutdown` so `main` can exit.
-pub async fn on_event(
-    proxy: Arc<Proxy>,
-    event: LambdaEvent,
-    shutdown: mpsc::Sender<()>,
-) -> Result<(), lambda_extension::Error> {
-    match event.next {
+/// The longest a Lambda invocation can run (15 min): the bound of a watch whose event carried
+/// no deadline.
+const MAX_INVOCATION: Duration = Duration::from_secs(900);
+
+/// Handles one Extensions API event. True after SHUTDOWN was handled: the extension exits.
+pub async fn on_event(proxy: Arc<Proxy>, event: NextEvent) -> bool {
+    match event {
         NextEvent::Invoke(invoke) => {
             tokio::spawn(watch(proxy, invoke.request_id, invoke.deadline_ms));
-            Ok(())
+            false
         }
         NextEvent::Shutdown(s) => {
             let budget = until(s.deadline_ms).saturating_sub(SHUTDOWN_RESERVE);
             tracing::info!(reason = %s.shutdown_reason, budget_ms = budget.as_millis() as u64, "shutdown");
             proxy.release_all(budget).await;
-            let _ = shutdown.send(()).await;
-            Ok(())
+            true
         }
     }
 }
 
-/// Watches one invocation until it is finished: reports it if it is unenforced, releases its
-/// lock if its runtime dies, and forgets it.
-async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
-    let left = until(deadline_ms);
-    let slot = proxy.invocations().slot(&id);
+/// Waits up to the grace for the proxy to see invocation `id`; if it does not, reports the
+/// invocation as unenforced, forgets it and returns false.
+async fn enforced(proxy: &Proxy, slot: &Slot, id: &str, left: Duration) -> bool {
     // No runtime has ever asked the proxy for an event: this one cannot have gone
     // through it either, so say so at once instead of holding the finished invocation
     // open (and billed) for the grace.
@@ -68,16 +68,57 @@ async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
             "no runtime has ever connected to the flightlock proxy",
         )
     };
-    if !slot.wait_seen(grace).await {
-        tracing::error!(
+    if slot.wait_seen(grace).await {
+        return true;
+    }
+    tracing::error!(
+        request_id = %id,
+        reason,
+        "UNENFORCED: this invocation did not go through the flightlock proxy, so it \
+         runs WITHOUT the lock; set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper \
+         on the function (OS-only runtimes: see the flightlock docs)"
+    );
+    proxy.metrics().count(Metric::UnenforcedInvocations);
+    proxy.invocations().remove(id);
+    false
+}
+
+/// The unenforced check of one `platform.start` (Managed Instances). A slot the proxy saw is
+/// left alone: the proxy's own watch owns it.
+pub async fn check_enforced(proxy: Arc<Proxy>, id: String) {
+    let slot = proxy.invocations().slot(&id);
+    enforced(&proxy, &slot, &id, UNENFORCED_GRACE).await;
+}
+
+/// The crash watch of an event the proxy has just handed to a runtime process (Managed
+/// Instances): until the invocation is finished or its deadline, release its lock at once if
+/// that runtime process dies. The slot is left for the forget sweep, so a late `platform.start`
+/// still finds it seen.
+pub async fn watch_handed_over(
+    proxy: Arc<Proxy>,
+    id: String,
+    slot: Arc<Slot>,
+    deadline: Option<SystemTime>,
+) {
+    let left = deadline.map_or(MAX_INVOCATION, |d| {
+        d.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    });
+    if !wait_done_or_runtime_exit(&proxy, &slot, &id, left).await {
+        tracing::warn!(
             request_id = %id,
-            reason,
-            "UNENFORCED: this invocation did not go through the flightlock proxy, so it \
-             runs WITHOUT the lock; set AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper \
-             on the function (OS-only runtimes: see the flightlock docs)"
+            "invocation still unfinished past its deadline; its lock is released at \
+             shutdown or lapses at the deadline plus grace"
         );
-        proxy.metrics().count(Metric::UnenforcedInvocations);
-        proxy.invocations().remove(&id);
+    }
+}
+
+/// Watches one invocation until it is finished: reports it if it is unenforced, releases its
+/// lock if its runtime dies, and forgets it.
+async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
+    let left = until(deadline_ms);
+    let slot = proxy.invocations().slot(&id);
+    if !enforced(&proxy, &slot, &id, left).await {
         return;
     }
     // At the deadline Lambda ends the invocation itself and resets the sandbox: stop

@@ -9,17 +9,14 @@ use std::time::Duration;
 
 use flightlock::config::{self, Config};
 use flightlock::Locker;
-use flightlock_extension::invocations::Invocations;
+use flightlock_extension::extensions_api::{ApiError, ExtensionsApi};
+use flightlock_extension::invocations::{Invocations, FORGET_AFTER};
 use flightlock_extension::lifecycle;
 use flightlock_extension::metrics::Metrics;
+use flightlock_extension::mode::{self, Mode};
 use flightlock_extension::proxy::{self, Proxy};
-use flightlock_extension::wrapper_check;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use lambda_extension::{service_fn, Extension, LambdaEvent};
+use flightlock_extension::{telemetry, wrapper_check};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tracing_subscriber::EnvFilter;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -96,13 +93,18 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         .into());
     }
     let name = extension_name();
+    let mode = Mode::from_env(&env);
+    let api = ExtensionsApi::new(
+        &config::runtime_api_authority(env.get(config::RUNTIME_API).map_or("", String::as_str))
+            .map_err(|e| format!("{}: {e}", config::RUNTIME_API))?,
+    );
     // 1. Configuration. A bad value fails init with a message naming the variable.
     let config = match Config::from_map(&env) {
         Ok(c) => c,
         Err(e) => {
             init_tracing(&env, "info");
             tracing::error!(error = %e, "invalid flightlock configuration");
-            fail_init(&env, &name, &e.to_string()).await;
+            fail_init(&api, &name, &e.to_string()).await;
             return Err(e.into());
         }
     };
@@ -111,7 +113,7 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     // through the wrapper fails init, saying what to set.
     if let Err(msg) = wrapper_check::check(&env, &config) {
         tracing::error!(error = %msg, "flightlock is not wired in");
-        fail_init(&env, &name, &msg).await;
+        fail_init(&api, &name, &msg).await;
         return Err(msg.into());
     }
     for warning in config.warnings() {
@@ -148,70 +150,85 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
                 config::PROXY_PORT,
                 config.proxy_port
             );
-            fail_init(&env, &name, &msg).await;
+            fail_init(&api, &name, &msg).await;
             return Err(msg.into());
         }
     };
     let function = config.function_name.clone().unwrap_or_default();
-    let proxy = Arc::new(Proxy::new(
-        config.clone(),
-        locker,
-        Arc::new(Invocations::default()),
-        Metrics::new(config.metrics, function),
-        upstream,
-        host_name(),
-    ));
+    // On Managed Instances finished invocations are not collected by INVOKE watches: keep them
+    // only as long as a late `platform.start` (buffered at most 30 s) may still ask about them.
+    let invocations = match mode {
+        Mode::Standard => Invocations::forgetting_after(FORGET_AFTER),
+        Mode::ManagedInstances => Invocations::forgetting_after(Duration::from_secs(120)),
+    };
+    let proxy = Arc::new(
+        Proxy::new(
+            config.clone(),
+            locker,
+            Arc::new(invocations),
+            Metrics::new(config.metrics, function),
+            upstream,
+            host_name(),
+        )
+        .with_mode(mode)
+        .with_limits(proxy::Limits {
+            max_connections: mode::connection_cap(&env),
+            ..proxy::Limits::default()
+        }),
+    );
     tokio::spawn(proxy.clone().serve(listener));
-    tracing::info!(%addr, key = %config.key, table = %config.table, "flightlock proxy listening");
+    tracing::info!(%addr, key = %config.key, table = %config.table, mode = mode.name(), "flightlock proxy listening");
 
-    // 4. Register for INVOKE and SHUTDOWN and run until SHUTDOWN.
-    let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
-    let events = service_fn(move |event: LambdaEvent| {
-        lifecycle::on_event(proxy.clone(), event, shutdown_tx.clone())
-    });
-    let extension = Extension::new()
-        .with_extension_name(&name)
-        .with_events(&["INVOKE", "SHUTDOWN"])
-        .with_events_processor(events)
-        .register()
-        .await?;
-    tokio::select! {
-        r = extension.run() => r,
-        _ = shutdown_rx.recv() => Ok(()),
+    // 4. Register (INVOKE and SHUTDOWN; SHUTDOWN only on Managed Instances, which refuses
+    // INVOKE) and run until SHUTDOWN. A refusal is an init error naming the cause and the fix.
+    let id = match api.register(&name, mode.events()).await {
+        Ok(id) => id,
+        Err(ApiError::Refused { status, body, .. }) => {
+            let msg = mode::registration_refused(mode, &env, status.as_u16(), &body);
+            tracing::error!(error = %msg, "registration refused");
+            // Lambda accepts an init error only from a registered extension: try the one
+            // registration every mode accepts, to get our message into the init failure.
+            if mode.events() != ["SHUTDOWN"] {
+                fail_init(&api, &name, &msg).await;
+            }
+            return Err(msg.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if mode == Mode::ManagedInstances {
+        match telemetry::start(&api, &id, proxy.clone()).await {
+            Ok(()) => tracing::info!(
+                "subscribed to the Telemetry API: invocations that bypass the proxy are reported"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the Telemetry API is not available, so an invocation that bypasses the \
+                 flightlock proxy (a runtime process not started through \
+                 /opt/flightlock-wrapper) CANNOT be detected here; every invocation fetched \
+                 through the proxy is still gated. Start every runtime process through \
+                 AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper"
+            ),
+        }
+    }
+    loop {
+        let event = api.next_event(&id).await?;
+        if lifecycle::on_event(proxy.clone(), event).await {
+            return Ok(());
+        }
     }
 }
 
 /// Registers (needed for an extension id) and reports an init error, so Lambda fails the init
 /// phase with our message instead of a bare "extension crashed".
-async fn fail_init(env: &HashMap<String, String>, name: &str, message: &str) {
+async fn fail_init(api: &ExtensionsApi, name: &str, message: &str) {
     let result = async {
-        let registered = Extension::new()
-            .with_extension_name(name)
-            .with_events(&["SHUTDOWN"])
-            .register()
-            .await?;
-        let api =
-            config::runtime_api_authority(env.get(config::RUNTIME_API).map_or("", String::as_str))?;
-        let body = serde_json::json!({
-            "errorMessage": message,
-            "errorType": "Extension.ConfigInvalid",
-            "stackTrace": [],
-        });
-        let req = http::Request::post(format!("http://{api}/2020-01-01/extension/init/error"))
-            .header("Lambda-Extension-Identifier", &registered.extension_id)
-            .header(
-                "Lambda-Extension-Function-Error-Type",
-                "Extension.ConfigInvalid",
-            )
-            .header("Content-Type", "application/json")
-            .body(Full::new(bytes::Bytes::from(body.to_string())))?;
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        let resp = tokio::time::timeout(Duration::from_secs(2), client.request(req)).await??;
-        let _ = resp.into_body().collect().await;
-        Ok::<(), BoxError>(())
+        let id = api.register(name, &["SHUTDOWN"]).await?;
+        api.init_error(&id, "Extension.ConfigInvalid", message)
+            .await
     }
     .await;
     if let Err(e) = result {
         tracing::warn!(error = %e, "could not report the init error to the Extensions API");
+        eprintln!("flightlock: could not report the init error to the Extensions API: {e}");
     }
 }

@@ -24,6 +24,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,6 +50,7 @@ use tracing::{field, Instrument};
 use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
+use crate::mode::Mode;
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
     TENANT_HEADER,
@@ -111,6 +113,9 @@ pub struct Proxy {
     /// Releases in flight (a runtime that died mid-invocation is released by its watch, which
     /// may still be deleting the row when SHUTDOWN comes): shutdown waits for them.
     releasing: tokio::sync::watch::Sender<usize>,
+    /// The execution mode: on Managed Instances the proxy identifies the runtime process of
+    /// each connection and watches the invocations it hands over (there are no INVOKE events).
+    mode: Mode,
 }
 
 impl Proxy {
@@ -147,12 +152,23 @@ impl Proxy {
             runtime_connected: AtomicBool::new(false),
             orphans: std::sync::Mutex::new(VecDeque::new()),
             releasing: tokio::sync::watch::channel(0).0,
+            mode: Mode::Standard,
         }
+    }
+
+    /// Sets the execution mode (default: standard).
+    pub fn with_mode(mut self, mode: Mode) -> Proxy {
+        self.mode = mode;
+        self
     }
 
     /// The runtime process (the one the wrapper exec'd, pointed at this proxy's port), if it
     /// can be known; see [`runtime_process`].
     async fn runtime_process(&self) -> Option<Proc> {
+        if self.mode == Mode::ManagedInstances {
+            // Several runtime processes: each connection's is found by `handed_over`.
+            return None;
+        }
         let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
         let root = self.proc_root.clone();
         let api = format!("127.0.0.1:{}", self.config.proxy_port);
@@ -238,7 +254,7 @@ impl Proxy {
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return;
             };
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
                     // Out of file descriptors and the like: pause instead of spinning.
@@ -252,9 +268,14 @@ impl Proxy {
             }
             let proxy = self.clone();
             let header_read_timeout = self.limits.header_read_timeout;
+            let conn = stream.local_addr().ok().map(|local| Conn {
+                peer,
+                local,
+                runtime: Arc::new(std::sync::OnceLock::new()),
+            });
             tokio::spawn(async move {
                 let _slot = slot;
-                let service = service_fn(move |req| proxy.clone().handle(req));
+                let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
                 if let Err(e) = http1::Builder::new()
                     .preserve_header_case(true)
                     .timer(TokioTimer::new())
@@ -271,9 +292,16 @@ impl Proxy {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        conn: Option<Conn>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let response = match route(req.method(), req.uri().path()) {
-            Route::Next => self.next(req).await,
+            Route::Next => {
+                let resp = self.clone().next(req).await;
+                if let (Ok(r), Some(conn), Mode::ManagedInstances) = (&resp, conn, self.mode) {
+                    self.handed_over(r, conn).await;
+                }
+                resp
+            }
             Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
             Route::RestoreNext => self.restore_next(req).await,
             Route::Other => {
@@ -401,6 +429,76 @@ impl Proxy {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// The two ends of a runtime connection.
+#[derive(Debug, Clone)]
+struct Conn {
+    /// The runtime side.
+    peer: SocketAddr,
+    /// The proxy side.
+    local: SocketAddr,
+    /// The runtime process on the other end, once found: a keep-alive connection (awslambdaric,
+    /// aws-lambda-ric, `lambda_runtime`) is traced once, not at every event.
+    runtime: Arc<std::sync::OnceLock<Proc>>,
+}
+
+impl Proxy {
+    /// An event is about to go to the runtime process on `conn` (Managed Instances): note which
+    /// process that is, and start the invocation's crash watch, bounded by its deadline.
+    async fn handed_over(self: &Arc<Self>, resp: &Response<ProxyBody>, conn: Conn) {
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+        let Some(id) = header(REQUEST_ID_HEADER).map(str::to_owned) else {
+            return;
+        };
+        let Some(slot) = self.invocations.get(&id) else {
+            return;
+        };
+        let deadline = header(DEADLINE_HEADER)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+        let cached = conn.runtime.get().copied();
+        let runtime = match cached {
+            Some(p) => Some(p),
+            None => {
+                let root = self.proc_root.clone();
+                let api = format!("127.0.0.1:{}", self.config.proxy_port);
+                let (peer, local) = (conn.peer, conn.local);
+                let found = tokio::task::spawn_blocking(move || {
+                    crate::peer::runtime_of_connection(&root, peer, local, &api)
+                })
+                .await
+                .ok()
+                .flatten();
+                if let Some(p) = found {
+                    let _ = conn.runtime.set(p);
+                }
+                found
+            }
+        };
+        if runtime.is_none() && !self.runtime_unknown_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                request_id = %id,
+                "the runtime process of this connection is not known (not started through \
+                 /opt/flightlock-wrapper, or /proc is not readable): if it crashes \
+                 mid-invocation its lock is released at SHUTDOWN or when the lease (capped at \
+                 the deadline) lapses, not at once"
+            );
+        }
+        tracing::debug!(
+            request_id = %id,
+            runtime_pid = runtime.map(|p| p.pid),
+            cached = cached.is_some(),
+            "runtime process of the connection"
+        );
+        slot.set_runtime(runtime);
+        tokio::spawn(crate::lifecycle::watch_handed_over(
+            self.clone(),
+            id,
+            slot,
+            deadline,
+        ));
     }
 }
 

@@ -16,14 +16,20 @@
 //! --fork --mount-proc --kill-child`, as root): its `/opt` is a bind mount of a temporary
 //! directory laid out like the layer, and dropping the `Env` kills the whole namespace (RIE,
 //! extension, runtime).
+//! Where RIE cannot go (several invocations or runtime processes in one environment, freeze,
+//! refusals, SnapStart restore, the tenant header), [`platform`] is a Lambda platform double that
+//! follows each execution mode's documented rules and refuses what Lambda refuses, and
+//! [`sandbox`] starts the real extension and wrapped runtime processes on it.
+//!
 //! Every port is on 127.0.0.1: RIE's invoke endpoint (`--runtime-interface-emulator-address`),
 //! its Runtime API (`--runtime-api-address`) and the flightlock proxy (`FLIGHTLOCK_PROXY_PORT`).
 
 // Test support: panicking with a clear message is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod fake_lambda;
+pub mod platform;
 mod rounds;
+pub mod sandbox;
 
 pub use rounds::{
     check_skip_round, fifo_round, finish, invoke_all, record_file, skip_rounds, start_all, stop_all,

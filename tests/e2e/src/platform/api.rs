@@ -1,0 +1,479 @@
+//! The HTTP side of the platform double: Runtime API, Extensions API, Telemetry and Logs API.
+//! Every answer that refuses something is recorded (see `Platform::refusals`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use super::{now_ms, signal_groups, Inv, Mode, Outcome, Refusal, Shared, State};
+
+type Resp = Response<Full<Bytes>>;
+
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |r| handle(shared.clone(), r));
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    r
+}
+
+/// An error answer in the documented `{"errorType", "errorMessage"}` form, recorded.
+fn refuse(shared: &Shared, path: &str, status: StatusCode, error_type: &str, msg: &str) -> Resp {
+    let body = serde_json::json!({"errorType": error_type, "errorMessage": msg});
+    shared.lock().refusals.push(Refusal {
+        path: path.to_owned(),
+        status: status.as_u16(),
+        body: body.to_string(),
+    });
+    json(status, body)
+}
+
+fn is_mi(shared: &Shared) -> bool {
+    matches!(shared.options.mode, Mode::ManagedInstances { .. })
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, hyper::Error> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let header = |n: &str| {
+        parts
+            .headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let ext_id = header("lambda-extension-identifier");
+    let resp = match (method.as_str(), path.as_str()) {
+        ("POST", "/2020-01-01/extension/register") => {
+            register(&shared, &path, header("lambda-extension-name"), &body)
+        }
+        ("GET", "/2020-01-01/extension/event/next") => ext_next(&shared, &path, ext_id).await,
+        ("POST", "/2020-01-01/extension/init/error") => {
+            let who = ext_id.unwrap_or_default();
+            init_error(
+                &shared,
+                who,
+                header("lambda-extension-function-error-type"),
+                &body,
+            )
+        }
+        ("POST", "/2020-01-01/extension/exit/error") => json(StatusCode::ACCEPTED, ok()),
+        ("PUT", "/2022-07-01/telemetry") => telemetry(&shared, &path, &body),
+        // The Logs API is refused on Managed Instances (AWS's emulator answers 202 with
+        // `Logs.NotSupported`, `rapi/handler/runtimelogs_stub.go`).
+        ("PUT", "/2020-08-15/logs") if is_mi(&shared) => json(
+            StatusCode::ACCEPTED,
+            serde_json::json!({"errorType": "Logs.NotSupported", "errorMessage": "Logs API is not supported"}),
+        ),
+        ("PUT", "/2020-08-15/logs") => json(StatusCode::OK, ok()),
+        ("GET", "/2018-06-01/runtime/invocation/next") => runtime_next(&shared).await,
+        ("GET", "/2018-06-01/runtime/restore/next") => restore_next(&shared, &path).await,
+        ("POST", "/2018-06-01/runtime/init/error") => init_error(
+            &shared,
+            "runtime".into(),
+            header("lambda-runtime-function-error-type"),
+            &body,
+        ),
+        ("POST", p) if p.starts_with("/2018-06-01/runtime/invocation/") => finish(
+            &shared,
+            p,
+            header("lambda-runtime-function-error-type"),
+            body,
+        ),
+        _ => refuse(
+            &shared,
+            &path,
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "no such path",
+        ),
+    };
+    Ok(resp)
+}
+
+fn ok() -> serde_json::Value {
+    serde_json::json!({"status": "OK"})
+}
+
+/// `POST register` (Extensions API reference, "Register"): a name is required; events must be
+/// ones the mode allows; registration closes when the first invocation starts.
+fn register(shared: &Shared, path: &str, name: Option<String>, body: &[u8]) -> Resp {
+    let forbidden = StatusCode::FORBIDDEN;
+    if let Some((status, t, m)) = &shared.options.refuse_registration {
+        let status = StatusCode::from_u16(*status).unwrap_or(forbidden);
+        return refuse(shared, path, status, t, m);
+    }
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return refuse(
+            shared,
+            path,
+            forbidden,
+            "Extension.InvalidExtensionName",
+            "Empty extension name",
+        );
+    };
+    let events: Vec<String> = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) => v["events"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Err(e) => {
+            return refuse(
+                shared,
+                path,
+                forbidden,
+                "InvalidRequestFormat",
+                &e.to_string(),
+            )
+        }
+    };
+    for e in &events {
+        let allowed = match shared.options.mode {
+            // Managed Instances: SHUTDOWN only (`ValidateExternalAgentEvent` in the emulator).
+            Mode::ManagedInstances { .. } => e == "SHUTDOWN",
+            Mode::Standard | Mode::SnapStart => e == "INVOKE" || e == "SHUTDOWN",
+        };
+        if !allowed {
+            let msg = format!("{e}: invalid event type");
+            return refuse(shared, path, forbidden, "Extension.InvalidEventType", &msg);
+        }
+    }
+    let mut s = shared.lock();
+    if s.registration_closed {
+        drop(s);
+        return refuse(
+            shared,
+            path,
+            forbidden,
+            "Extension.RegistrationClosed",
+            "Extension registration closed already",
+        );
+    }
+    s.next_ext += 1;
+    let id = format!("ext-{}-{}", s.next_ext, now_ms() % 100_000);
+    s.exts.push(super::Ext {
+        name,
+        id: id.clone(),
+        events,
+        queue: Default::default(),
+        waiting: false,
+    });
+    drop(s);
+    shared.touch();
+    let mut r = json(
+        StatusCode::OK,
+        serde_json::json!({"functionName": "double", "functionVersion": "$LATEST", "handler": "x"}),
+    );
+    r.headers_mut().insert(
+        "lambda-extension-identifier",
+        HeaderValue::from_str(&id).unwrap(),
+    );
+    r
+}
+
+/// Marks an extension (or the runtime) as waiting in `/next` while it is; dropped on return or
+/// when the client goes away.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    ext: Option<String>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        match &self.ext {
+            Some(id) => {
+                if let Some(e) = s.exts.iter_mut().find(|e| &e.id == id) {
+                    e.waiting = false;
+                }
+            }
+            None => s.runtime_waiting = s.runtime_waiting.saturating_sub(1),
+        }
+        drop(s);
+        self.shared.touch();
+    }
+}
+
+/// Waits until `take` gives something (the state's change notifications wake it).
+async fn wait_take<T>(shared: &Shared, mut take: impl FnMut(&mut State) -> Option<T>) -> T {
+    loop {
+        let changed = shared.changed.notified();
+        if let Some(v) = take(&mut shared.lock()) {
+            return v;
+        }
+        changed.await;
+    }
+}
+
+async fn ext_next(shared: &Shared, path: &str, id: Option<String>) -> Resp {
+    let Some(id) = id.filter(|id| shared.lock().exts.iter().any(|e| &e.id == id)) else {
+        return refuse(
+            shared,
+            path,
+            StatusCode::FORBIDDEN,
+            "Extension.UnknownExtensionIdentifier",
+            "unknown extension id",
+        );
+    };
+    if let Some(e) = shared.lock().exts.iter_mut().find(|e| e.id == id) {
+        e.waiting = true;
+    }
+    shared.touch();
+    let _w = Waiting {
+        shared,
+        ext: Some(id.clone()),
+    };
+    let event = wait_take(shared, |s| {
+        s.exts
+            .iter_mut()
+            .find(|e| e.id == id)
+            .and_then(|e| e.queue.pop_front())
+    })
+    .await;
+    json(StatusCode::OK, event)
+}
+
+fn init_error(shared: &Shared, who: String, error_type: Option<String>, body: &[u8]) -> Resp {
+    let body = String::from_utf8_lossy(body).into_owned();
+    shared.lock().init_errors.push((who, error_type, body));
+    shared.touch();
+    json(StatusCode::ACCEPTED, ok())
+}
+
+/// `PUT telemetry` (Telemetry API reference; the Managed Instances subscription schema).
+fn telemetry(shared: &Shared, path: &str, body: &[u8]) -> Resp {
+    if !shared.options.telemetry {
+        // A platform without it answers as AWS's emulator stub does: 202 and an error body.
+        return json(
+            StatusCode::ACCEPTED,
+            serde_json::json!({"errorType": "Telemetry.NotSupported", "errorMessage": "Telemetry API is not supported"}),
+        );
+    }
+    let bad = |m: &str| refuse(shared, path, StatusCode::BAD_REQUEST, "ValidationError", m);
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return bad("not JSON");
+    };
+    let schemas: &[&str] = if is_mi(shared) {
+        &["2025-01-29"]
+    } else {
+        &["2022-07-01", "2022-12-13", "2025-01-29"]
+    };
+    if !v["schemaVersion"]
+        .as_str()
+        .is_some_and(|s| schemas.contains(&s))
+    {
+        return bad("schemaVersion not supported");
+    }
+    let types_ok = v["types"].as_array().is_some_and(|t| {
+        !t.is_empty()
+            && t.iter()
+                .all(|t| matches!(t.as_str(), Some("platform" | "function" | "extension")))
+    });
+    if !types_ok {
+        return bad("types");
+    }
+    let b = &v["buffering"];
+    let in_range = |f: &str, lo: u64, hi: u64| {
+        b[f].as_u64()
+            .map_or(b[f].is_null(), |x| (lo..=hi).contains(&x))
+    };
+    if !(in_range("maxItems", 1000, 10000)
+        && in_range("maxBytes", 262144, 1048576)
+        && in_range("timeoutMs", 25, 30000))
+    {
+        return bad("buffering out of range");
+    }
+    let Some(uri) = v["destination"]["URI"]
+        .as_str()
+        .filter(|_| v["destination"]["protocol"] == "HTTP")
+    else {
+        return bad("destination");
+    };
+    shared.lock().telemetry_uris.push(uri.to_owned());
+    json(StatusCode::OK, serde_json::json!("OK"))
+}
+
+/// Sends one telemetry event to every subscriber.
+fn emit(shared: &Shared, kind: &str, record: serde_json::Value) {
+    let uris = shared.lock().telemetry_uris.clone();
+    let batch = serde_json::json!([{"time": now_ms().to_string(), "type": kind, "record": record}])
+        .to_string();
+    for uri in uris {
+        let batch = batch.clone();
+        tokio::spawn(async move {
+            let client =
+                hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+            if let Ok(req) = Request::post(uri).body(Full::new(Bytes::from(batch))) {
+                let _ = client.request(req).await;
+            }
+        });
+    }
+}
+
+/// `GET invocation/next`: the next invocation once the mode allows it (standard and SnapStart:
+/// one in flight, after every extension is back in `/next`; SnapStart: only after the restore;
+/// Managed Instances: up to `AWS_LAMBDA_MAX_CONCURRENCY` in flight).
+async fn runtime_next(shared: &Shared) -> Resp {
+    shared.lock().runtime_waiting += 1;
+    shared.touch();
+    let w = Waiting { shared, ext: None };
+    let mode = shared.options.mode;
+    let (inv, thaw) = wait_take(shared, |s| {
+        let cap = match mode {
+            Mode::ManagedInstances { max_concurrency } => max_concurrency,
+            Mode::Standard | Mode::SnapStart => 1,
+        };
+        let ready = match mode {
+            Mode::ManagedInstances { .. } => true,
+            Mode::Standard => s.exts.iter().all(|e| e.queue.is_empty()),
+            Mode::SnapStart => s.restored && s.exts.iter().all(|e| e.queue.is_empty()),
+        };
+        if s.shut_down || !ready || s.running.len() >= cap {
+            return None;
+        }
+        let mut inv: Inv = s.queue.pop_front()?;
+        inv.deadline_ms = now_ms() + shared.options.timeout.as_millis() as u64;
+        s.running.insert(inv.id.clone(), inv.clone());
+        s.dispatched += 1;
+        s.max_in_flight = s.max_in_flight.max(s.running.len());
+        s.registration_closed = true;
+        let thaw = std::mem::take(&mut s.frozen).then(|| s.freeze_groups.clone());
+        if !matches!(mode, Mode::ManagedInstances { .. }) {
+            let event = serde_json::json!({
+                "eventType": "INVOKE", "deadlineMs": inv.deadline_ms, "requestId": inv.id,
+                "invokedFunctionArn": "arn:aws:lambda:us-east-1:000000000000:function:double",
+                "tracing": {"type": "X-Amzn-Trace-Id", "value": "Root=1-0-0"},
+            });
+            for e in s
+                .exts
+                .iter_mut()
+                .filter(|e| e.events.iter().any(|v| v == "INVOKE"))
+            {
+                e.queue.push_back(event.clone());
+            }
+        }
+        Some((inv, thaw))
+    })
+    .await;
+    drop(w);
+    // Thawed before anything is delivered (the whole sandbox resumes for the invoke).
+    if let Some(groups) = thaw {
+        signal_groups(&groups, "CONT");
+    }
+    shared.touch();
+    emit(
+        shared,
+        "platform.start",
+        serde_json::json!({"requestId": inv.id, "version": "$LATEST"}),
+    );
+    let mut r = Response::new(Full::new(inv.payload.clone()));
+    let h = r.headers_mut();
+    h.insert(
+        "lambda-runtime-aws-request-id",
+        HeaderValue::from_str(&inv.id).unwrap(),
+    );
+    h.insert(
+        "lambda-runtime-deadline-ms",
+        HeaderValue::from(inv.deadline_ms),
+    );
+    h.insert(
+        "lambda-runtime-invoked-function-arn",
+        HeaderValue::from_static("arn:aws:lambda:us-east-1:000000000000:function:double"),
+    );
+    h.insert(
+        "lambda-runtime-trace-id",
+        HeaderValue::from_static("Root=1-0-0"),
+    );
+    h.insert("content-type", HeaderValue::from_static("application/json"));
+    if let Some(t) = &shared.options.tenant {
+        h.insert(
+            "lambda-runtime-aws-tenant-id",
+            HeaderValue::from_str(t).unwrap(),
+        );
+    }
+    r
+}
+
+/// `GET restore/next`: SnapStart only; returns once the snapshot is restored.
+async fn restore_next(shared: &Shared, path: &str) -> Resp {
+    if shared.options.mode != Mode::SnapStart {
+        return refuse(
+            shared,
+            path,
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "restore/next is served to SnapStart functions only",
+        );
+    }
+    wait_take(shared, |s| s.restored.then_some(())).await;
+    json(StatusCode::OK, serde_json::json!({}))
+}
+
+/// `POST invocation/{id}/response|error`: only for an invocation in flight (AWS's emulator
+/// answers 400 `InvalidRequestID` otherwise, `rapi/rendering/render_error.go`).
+fn finish(shared: &Shared, path: &str, error_type: Option<String>, body: Bytes) -> Resp {
+    let rest = path.trim_start_matches("/2018-06-01/runtime/invocation/");
+    let (id, kind) = rest.split_once('/').unwrap_or((rest, ""));
+    let outcome = match kind {
+        "response" => Outcome::Response(body),
+        "error" => Outcome::Error(error_type, body),
+        _ => {
+            return refuse(
+                shared,
+                path,
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "no such path",
+            )
+        }
+    };
+    let mut s = shared.lock();
+    if s.running.remove(id).is_none() {
+        drop(s);
+        return refuse(
+            shared,
+            path,
+            StatusCode::BAD_REQUEST,
+            "InvalidRequestID",
+            "Invalid request ID",
+        );
+    }
+    s.outcomes.insert(id.to_owned(), outcome);
+    drop(s);
+    shared.touch();
+    // No `platform.runtimeDone` on Managed Instances.
+    if !is_mi(shared) {
+        emit(
+            shared,
+            "platform.runtimeDone",
+            serde_json::json!({"requestId": id, "status": "success"}),
+        );
+    }
+    json(StatusCode::ACCEPTED, ok())
+}

@@ -1,0 +1,447 @@
+//! A Lambda platform double on 127.0.0.1: the Runtime API, the Extensions API and the Telemetry
+//! API of one execution environment, in each execution mode, following AWS's documented contract
+//! and **refusing what the platform refuses**. Each rule cites where it comes from; the HTTP side
+//! is in `api.rs`.
+//!
+//! Modes ([`Mode`]):
+//! - **Standard** (on-demand): one invocation at a time. Once the runtime and every extension
+//!   wait in `/next`, the whole sandbox is frozen (SIGSTOP to the registered process groups) and
+//!   thawed (SIGCONT) for the next invoke ("Lambda execution environment lifecycle": "Lambda
+//!   freezes the execution environment when the runtime and each extension have completed and
+//!   there are no pending events"). An invocation past its deadline is a timeout: the runtime is
+//!   stopped first (SIGKILL to its group), then every extension registered for SHUTDOWN gets
+//!   SHUTDOWN with reason `timeout` and a 2 s deadline ("Shutdown phase": extensions get up to
+//!   2 s; "Failures during the invoke phase": the runtime is reset before SHUTDOWN).
+//! - **Managed Instances** (`AWS_LAMBDA_INITIALIZATION_TYPE=lambda-managed-instances`):
+//!   registration for INVOKE is refused with 403 `Extension.InvalidEventType` (AWS's emulator,
+//!   aws/aws-lambda-runtime-interface-emulator `internal/lambda-managed-instances/core/
+//!   externalagent.go` and `rapi/handler/agentregister.go`; open-telemetry/opentelemetry-lambda
+//!   PR #2083, honeycombio/honeycomb-lambda-extension PR #170); several runtime processes call
+//!   `/next` concurrently, up to `AWS_LAMBDA_MAX_CONCURRENCY` invocations in flight (Lambda
+//!   Managed Instances runtime pages); never frozen; no `platform.runtimeDone` in telemetry; the
+//!   Logs API answers `Logs.NotSupported` and the Telemetry API accepts schema `2025-01-29` only
+//!   (the same emulator: `rapi/handler/runtimelogs_stub.go`, `telemetry-subscription-schema.json`).
+//! - **SnapStart**: the runtime's `/2018-06-01/runtime/restore/next` returns once the snapshot
+//!   is restored ([`Platform::restore`]) ("Runtime API: Restore"; "SnapStart runtime hooks").
+//!
+//! Tenant isolation: with [`Options::tenant`], `/next` answers carry `Lambda-Runtime-Aws-Tenant-Id`
+//! (Runtime API, "Next invocation" response headers).
+
+mod api;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// The execution mode of the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// On-demand: one invocation at a time, freeze between invocations.
+    Standard,
+    /// Lambda Managed Instances, with `AWS_LAMBDA_MAX_CONCURRENCY`.
+    ManagedInstances {
+        /// Invocations in flight at most.
+        max_concurrency: usize,
+    },
+    /// SnapStart (otherwise as standard).
+    SnapStart,
+}
+
+/// How the double behaves.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The mode.
+    pub mode: Mode,
+    /// The tenant id handed to the runtime, if tenant isolation is on.
+    pub tenant: Option<String>,
+    /// False: the Telemetry API answers `Telemetry.NotSupported` (a platform without it).
+    pub telemetry: bool,
+    /// Every registration is refused with this (status, errorType, errorMessage): a fault.
+    pub refuse_registration: Option<(u16, String, String)>,
+    /// Invocation timeout (the deadline of each event).
+    pub timeout: Duration,
+}
+
+impl Options {
+    /// Defaults for `mode`: no tenant, Telemetry API there, 60 s timeout.
+    pub fn new(mode: Mode) -> Options {
+        Options {
+            mode,
+            tenant: None,
+            telemetry: true,
+            refuse_registration: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How an invocation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// `POST .../response`, with its body.
+    Response(Bytes),
+    /// `POST .../error`, with the error type header and body.
+    Error(Option<String>, Bytes),
+    /// The deadline passed first.
+    TimedOut,
+}
+
+#[derive(Debug)]
+struct Ext {
+    name: String,
+    id: String,
+    events: Vec<String>,
+    queue: VecDeque<serde_json::Value>,
+    waiting: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Inv {
+    id: String,
+    payload: Bytes,
+    deadline_ms: u64,
+}
+
+/// A refusal the double answered, for tests to read.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The path asked.
+    pub path: String,
+    /// The status answered.
+    pub status: u16,
+    /// The body answered.
+    pub body: String,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    exts: Vec<Ext>,
+    queue: VecDeque<Inv>,
+    running: HashMap<String, Inv>,
+    outcomes: HashMap<String, Outcome>,
+    runtime_waiting: usize,
+    max_in_flight: usize,
+    dispatched: usize,
+    registration_closed: bool,
+    shut_down: bool,
+    frozen: bool,
+    freezes: usize,
+    freeze_groups: Vec<i32>,
+    runtime_group: Option<i32>,
+    restored: bool,
+    init_errors: Vec<(String, Option<String>, String)>,
+    refusals: Vec<Refusal>,
+    telemetry_uris: Vec<String>,
+    next_ext: usize,
+    next_inv: usize,
+}
+
+struct Shared {
+    options: Options,
+    state: Mutex<State>,
+    changed: Notify,
+    addr: SocketAddr,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn touch(&self) {
+        self.changed.notify_waiters();
+    }
+}
+
+/// The platform double; dropping it stops its server and background task.
+pub struct Platform {
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        // Never leave a test's processes stopped.
+        let groups = self.shared.lock().freeze_groups.clone();
+        signal_groups(&groups, "CONT");
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn signal_groups(groups: &[i32], signal: &str) {
+    for g in groups {
+        let _ = std::process::Command::new("kill")
+            .args([format!("-{signal}"), "--".into(), format!("-{g}")])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+impl Platform {
+    /// Starts the double on a free port of 127.0.0.1.
+    pub async fn start(options: Options) -> Platform {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            options,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            addr,
+        });
+        let server = tokio::spawn(api::serve(listener, shared.clone()));
+        let scheduler = tokio::spawn(schedule(shared.clone()));
+        Platform {
+            shared,
+            tasks: vec![server, scheduler],
+        }
+    }
+
+    /// `host:port` (what `AWS_LAMBDA_RUNTIME_API` is set to).
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// The environment Lambda gives the environment's processes in this mode.
+    pub fn lambda_env(&self) -> Vec<(String, String)> {
+        let (init_type, concurrency) = match self.shared.options.mode {
+            Mode::Standard => ("on-demand", None),
+            Mode::ManagedInstances { max_concurrency } => {
+                ("lambda-managed-instances", Some(max_concurrency))
+            }
+            Mode::SnapStart => ("snap-start", None),
+        };
+        let mut env = vec![
+            ("AWS_LAMBDA_RUNTIME_API".to_owned(), self.addr().to_string()),
+            (
+                "AWS_LAMBDA_INITIALIZATION_TYPE".to_owned(),
+                init_type.to_owned(),
+            ),
+        ];
+        if let Some(c) = concurrency {
+            env.push(("AWS_LAMBDA_MAX_CONCURRENCY".to_owned(), c.to_string()));
+        }
+        env
+    }
+
+    /// Queues an invocation of `payload`; returns its request id.
+    pub fn invoke(&self, payload: serde_json::Value) -> String {
+        let mut s = self.shared.lock();
+        s.next_inv += 1;
+        let id = format!("req-{}-{}", s.next_inv, now_ms() % 100_000);
+        s.queue.push_back(Inv {
+            id: id.clone(),
+            payload: Bytes::from(payload.to_string()),
+            deadline_ms: 0,
+        });
+        drop(s);
+        self.shared.touch();
+        id
+    }
+
+    /// Waits until invocation `id` ended, at most `limit`.
+    pub async fn outcome(&self, id: &str, limit: Duration) -> Option<Outcome> {
+        let shared = self.shared.clone();
+        wait(&self.shared, limit, move || {
+            shared.lock().outcomes.get(id).cloned()
+        })
+        .await
+    }
+
+    /// Waits until `f` of the state holds, at most `limit`.
+    async fn until(&self, limit: Duration, f: impl Fn(&State) -> bool) -> bool {
+        let shared = self.shared.clone();
+        wait(&self.shared, limit, move || f(&shared.lock()).then_some(()))
+            .await
+            .is_some()
+    }
+
+    /// Process groups frozen and thawed with the sandbox (the runtime's and the extension's).
+    pub fn freeze_groups(&self, groups: &[i32]) {
+        self.shared.lock().freeze_groups = groups.to_vec();
+    }
+
+    /// The runtime's process group, killed first on a timeout.
+    pub fn runtime_group(&self, group: i32) {
+        self.shared.lock().runtime_group = Some(group);
+    }
+
+    /// True while the sandbox is frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.shared.lock().frozen
+    }
+
+    /// How many times the sandbox has been frozen.
+    pub fn freezes(&self) -> usize {
+        self.shared.lock().freezes
+    }
+
+    /// Waits until the sandbox has been frozen at least `n` times (and is frozen now).
+    pub async fn wait_frozen(&self, n: usize, limit: Duration) -> bool {
+        self.until(limit, |s| s.frozen && s.freezes >= n).await
+    }
+
+    /// Waits until the extensions have registered `n` times.
+    pub async fn wait_registered(&self, n: usize, limit: Duration) -> bool {
+        self.until(limit, |s| s.exts.len() >= n).await
+    }
+
+    /// Waits until an init error was reported.
+    pub async fn wait_init_error(&self, limit: Duration) -> bool {
+        self.until(limit, |s| !s.init_errors.is_empty()).await
+    }
+
+    /// Waits until `n` runtime `/next` calls are pending at once.
+    pub async fn wait_runtimes_waiting(&self, n: usize, limit: Duration) -> bool {
+        self.until(limit, |s| s.runtime_waiting >= n).await
+    }
+
+    /// The registrations accepted: (extension name, events).
+    pub fn registrations(&self) -> Vec<(String, Vec<String>)> {
+        let s = self.shared.lock();
+        s.exts
+            .iter()
+            .map(|e| (e.name.clone(), e.events.clone()))
+            .collect()
+    }
+
+    /// The init errors reported: (who, error type header, body).
+    pub fn init_errors(&self) -> Vec<(String, Option<String>, String)> {
+        self.shared.lock().init_errors.clone()
+    }
+
+    /// Every request the double refused.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.shared.lock().refusals.clone()
+    }
+
+    /// The most invocations that were in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.lock().max_in_flight
+    }
+
+    /// Telemetry destinations subscribed.
+    pub fn telemetry_subscribers(&self) -> Vec<String> {
+        self.shared.lock().telemetry_uris.clone()
+    }
+
+    /// SnapStart: the snapshot is restored; the runtime's `restore/next` returns.
+    pub fn restore(&self) {
+        self.shared.lock().restored = true;
+        self.shared.touch();
+    }
+
+    /// Sends SHUTDOWN (reason, 2 s deadline) to every extension registered for it, thawing the
+    /// sandbox first.
+    pub fn shutdown(&self, reason: &str) {
+        shutdown(&self.shared, reason);
+    }
+}
+
+async fn wait<T>(shared: &Shared, limit: Duration, f: impl Fn() -> Option<T>) -> Option<T> {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        let changed = shared.changed.notified();
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if tokio::time::timeout_at(end, changed).await.is_err() {
+            return f();
+        }
+    }
+}
+
+fn shutdown(shared: &Shared, reason: &str) {
+    let mut s = shared.lock();
+    s.shut_down = true;
+    let groups = s.freeze_groups.clone();
+    s.frozen = false;
+    let event = serde_json::json!({
+        "eventType": "SHUTDOWN",
+        "shutdownReason": reason,
+        "deadlineMs": now_ms() + 2000,
+    });
+    for e in s
+        .exts
+        .iter_mut()
+        .filter(|e| e.events.iter().any(|v| v == "SHUTDOWN"))
+    {
+        e.queue.push_back(event.clone());
+    }
+    drop(s);
+    signal_groups(&groups, "CONT");
+    shared.touch();
+}
+
+/// The background rules: freeze (standard, SnapStart) and timeouts.
+async fn schedule(shared: Arc<Shared>) {
+    loop {
+        let changed = shared.changed.notified();
+        let (freeze, expired, next_deadline) = {
+            let s = shared.lock();
+            let standard = !matches!(shared.options.mode, Mode::ManagedInstances { .. });
+            let freeze = standard
+                && !s.frozen
+                && !s.shut_down
+                && s.running.is_empty()
+                && s.queue.is_empty()
+                && s.runtime_waiting > 0
+                && !s.exts.is_empty()
+                && s.exts.iter().all(|e| e.waiting && e.queue.is_empty())
+                && !s.freeze_groups.is_empty();
+            let now = now_ms();
+            let expired: Vec<String> = s
+                .running
+                .values()
+                .filter(|i| i.deadline_ms <= now)
+                .map(|i| i.id.clone())
+                .collect();
+            let next = s.running.values().map(|i| i.deadline_ms).min();
+            (freeze, expired, next)
+        };
+        if freeze {
+            let groups = {
+                let mut s = shared.lock();
+                s.frozen = true;
+                s.freezes += 1;
+                s.freeze_groups.clone()
+            };
+            signal_groups(&groups, "STOP");
+            shared.touch();
+            continue;
+        }
+        for id in expired {
+            let standard = !matches!(shared.options.mode, Mode::ManagedInstances { .. });
+            let group = {
+                let mut s = shared.lock();
+                s.running.remove(&id);
+                s.outcomes.insert(id.clone(), Outcome::TimedOut);
+                s.runtime_group
+            };
+            if standard {
+                // The runtime is stopped first, then the extensions hear SHUTDOWN.
+                if let Some(g) = group {
+                    signal_groups(&[g], "KILL");
+                }
+                shutdown(&shared, "timeout");
+            }
+            shared.touch();
+        }
+        let sleep = next_deadline.map_or(Duration::from_secs(3600), |d| {
+            Duration::from_millis(d.saturating_sub(now_ms()).max(1))
+        });
+        let _ = tokio::time::timeout(sleep, changed).await;
+    }
+}
