@@ -452,6 +452,13 @@ impl Attempt<'_> {
     async fn alive(&self, row: &QueueRow) -> Result<bool, Error> {
         match self.judge(row) {
             Verdict::Live => Ok(true),
+            #[cfg(test)]
+            Verdict::Stale
+                if self.opts.wait == Wait::NoWait
+                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::SkipTrustsEveryRow) =>
+            {
+                Ok(true)
+            }
             Verdict::Stale => {
                 let outcome = self.delete_stale(row).await?;
                 tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
@@ -967,7 +974,15 @@ impl Attempt<'_> {
                 // wakes us; `max_poll` is only a backstop.
                 pause = jittered(self.opts.max_poll, jitter);
             }
-            if let Some(d) = self.deadline {
+            #[cfg(test)]
+            if crate::sim::mutant::on(crate::sim::mutant::Mutant::LazyLooks) {
+                pause *= 20;
+            }
+            #[cfg(test)]
+            let overshoots = crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitOvershoots);
+            #[cfg(not(test))]
+            let overshoots = false;
+            if let Some(d) = self.deadline.filter(|_| !overshoots) {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }
             tokio::select! {
