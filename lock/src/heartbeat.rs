@@ -241,6 +241,10 @@ impl Drop for Membership {
             return;
         }
         self.cancel.cancel();
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+            return;
+        }
         // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
         // the background if a runtime is still there; otherwise it goes stale after one lease.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -339,6 +339,10 @@ impl InFlight {
     /// The rows that may exist, now that nobody will heartbeat them: removed in the background.
     fn abandon(&mut self) {
         let tickets = std::mem::take(&mut self.tickets);
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+            return;
+        }
         if tickets.is_empty() {
             return;
         }
@@ -451,6 +455,14 @@ impl Attempt<'_> {
     /// the `rvn` judged; only a heartbeat that landed first (`Revived`) keeps it live.
     async fn alive(&self, row: &QueueRow) -> Result<bool, Error> {
         match self.judge(row) {
+            #[cfg(test)]
+            Verdict::Live
+                if row.acquired_at_ms.is_none()
+                    && !row.seat
+                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitersAheadIgnored) =>
+            {
+                Ok(false)
+            }
             Verdict::Live => Ok(true),
             #[cfg(test)]
             Verdict::Stale
@@ -982,6 +994,9 @@ impl Attempt<'_> {
             let overshoots = crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitOvershoots);
             #[cfg(not(test))]
             let overshoots = false;
+            if overshoots && self.deadline.is_some() {
+                pause = pause.max(self.opts.max_poll);
+            }
             if let Some(d) = self.deadline.filter(|_| !overshoots) {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }

@@ -48,6 +48,9 @@ pub(crate) enum Mutation {
     /// Heartbeats are conditioned on `owner` only (defect 4): a delayed older heartbeat rolls a
     /// newer lease back.
     HeartbeatRollback,
+    /// Heartbeats upsert: a heartbeat that finds no entry writes one (its condition accepts a
+    /// missing owner), so a late heartbeat brings a released row back.
+    HeartbeatUpsert,
     /// A waiter's looks show every row's lease thirty leases longer than stored: waiters pass
     /// a dead row over that much later (a dead holder costing many leases). Only a waiter that
     /// waits forever is slowed; the check that sees it is the takeover bound.
@@ -342,8 +345,28 @@ impl Table {
                     || current
                         .and_then(|i| num(i, schema::LEASE_UNTIL_MS))
                         .is_some_and(|u| u <= beat.lease_until_ms);
-                let Some(mut item) = current.cloned() else {
+                let upsert = || {
+                    let mut item = crate::storage::entry_key(&beat.key, beat.ticket, beat.seat);
+                    item.insert(schema::OWNER.into(), AttributeValue::S(beat.owner.clone()));
+                    item.insert(schema::TICKET.into(), schema::n(beat.ticket));
+                    item.insert(schema::LEASE_MS.into(), schema::n(1000));
+                    item
+                };
+                let item = match current.cloned() {
+                    Some(item) => Some(item),
+                    None if self.mutation == Some(Mutation::HeartbeatUpsert) && !beat.seat => {
+                        Some(upsert())
+                    }
+                    None => None,
+                };
+                let upserted = current.is_none();
+                let Some(mut item) = item else {
                     return Ok(Response::Renewal(Renewal::Gone));
+                };
+                let (owner_ok, lease_ok) = if upserted {
+                    (true, true)
+                } else {
+                    (owner_ok, lease_ok)
                 };
                 if !(owner_ok && lease_ok) {
                     let r = renewal_refused(Some(&item), &beat.owner);

@@ -15,8 +15,8 @@ pub(crate) enum Mutant {
     /// The heartbeat's schedule: each renewal is sent a whole lease after the last one instead
     /// of one interval, so a healthy holder loses its lock after a lease.
     HeartbeatEveryLease,
-    /// The wait deadline: the last pause before it is not cut at the deadline, so a `wait = d`
-    /// answers up to a `max_poll` late.
+    /// The wait deadline: a waiter with a deadline looks every `max_poll` and its last pause is
+    /// not cut at the deadline, so a `wait = d` answers up to a `max_poll` late.
     WaitOvershoots,
     /// The clock-free observer: a row is "seen alive" as soon as it has been seen at all, so a
     /// clock-free `wait = 0` says busy at first sight of a dead holder.
@@ -30,6 +30,12 @@ pub(crate) enum Mutant {
     /// A waiter's pace: every pause between looks is twenty times as long (the deadline still
     /// cuts it), so handoffs to waiters of other processes are slow.
     LazyLooks,
+    /// FIFO: rows ahead that have not been granted yet (no `acquiredAtMs`, not the seat) are
+    /// not waited for, so a waiter passes the waiters ahead of it.
+    WaitersAheadIgnored,
+    /// Self-cleaning: a cancelled acquisition forgets the entries its requests may have written,
+    /// and a dropped guard its row, instead of removing them.
+    AbandonLeavesRows,
     /// `store.rs`: a heartbeat's `UpdateItem` is conditioned on the owner alone, not on the
     /// stored lease (the differential test sees it; the simulation runs the model's conditions).
     StoreHeartbeatOwnerOnly,
