@@ -40,6 +40,8 @@ pub(crate) mod mutant;
 mod mutations;
 pub(crate) mod net;
 #[cfg(test)]
+mod scripted;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
