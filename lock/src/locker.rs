@@ -429,6 +429,7 @@ impl Attempt<'_> {
     /// Reads the queue and removes stale rows ahead of `below` (all rows if `None`). Returns the
     /// snapshot and the first live row ahead, if any.
     async fn survey(&mut self, below: Option<u64>) -> Result<(Snapshot, Option<QueueRow>), Error> {
+        let asked = self.now();
         let snap = self
             .locker
             .read_with_retry(self.key, self.retry_budget())
@@ -443,7 +444,7 @@ impl Attempt<'_> {
             .iter()
             .filter(|r| below.is_none_or(|b| r.ticket < b))
         {
-            if self.alive(row).await? {
+            if self.alive(row, asked).await? {
                 first_live = Some(row.clone());
                 break; // one live row ahead is enough to wait; rows behind it are its business
             }
@@ -451,10 +452,11 @@ impl Attempt<'_> {
         Ok((snap, first_live))
     }
 
-    /// Whether a row ahead of us is live. A stale one is passed over: deleted conditionally on
-    /// the `rvn` judged; only a heartbeat that landed first (`Revived`) keeps it live.
-    async fn alive(&self, row: &QueueRow) -> Result<bool, Error> {
-        match self.judge(row) {
+    /// Whether a row ahead of us is live, from a read first sent at `asked`. A stale one is
+    /// passed over: deleted conditionally on the `rvn` judged; only a heartbeat that landed
+    /// first (`Revived`) keeps it live.
+    async fn alive(&self, row: &QueueRow, asked: Instant) -> Result<bool, Error> {
+        match self.judge(row, asked) {
             #[cfg(test)]
             Verdict::Live
                 if row.acquired_at_ms.is_none()
@@ -479,12 +481,12 @@ impl Attempt<'_> {
         }
     }
 
-    fn judge(&self, row: &QueueRow) -> Verdict {
+    fn judge(&self, row: &QueueRow, asked: Instant) -> Verdict {
         let (wall, now) = (self.locker.clock.wall_ms(), self.now());
         match self.locker.observer.lock() {
             Ok(mut o) => {
                 o.forget_old(now);
-                o.judge(row, wall, now, self.opts.clock_skew)
+                o.judge_read(row, wall, asked, now, self.opts.clock_skew)
             }
             // A poisoned observer (a panic elsewhere) knows nothing: the row is live.
             Err(_) => Verdict::Live,
@@ -494,8 +496,9 @@ impl Attempt<'_> {
     /// Whether a live row ahead makes a `wait = 0` caller busy now. Bounded mode decides from one
     /// read. Clock-free mode cannot: a row seen once may belong to a dead owner, and only an
     /// unchanged `rvn` for a whole lease says so. It says busy once the row has been seen to
-    /// change (its owner is alive: at most one heartbeat interval of watching), and otherwise
-    /// keeps watching until the row goes stale and is passed over.
+    /// change since a sighting less than a lease ago (its owner lived within the lease: at most
+    /// one heartbeat interval of watching), and otherwise keeps watching until the row goes
+    /// stale and is passed over.
     fn busy_now(&self, head: &QueueRow) -> bool {
         if !self.opts.clock_free() {
             return true;
@@ -503,7 +506,7 @@ impl Attempt<'_> {
         self.locker
             .observer
             .lock()
-            .map_or(true, |o| o.seen_alive(&head.owner))
+            .map_or(true, |o| o.seen_alive(&head.owner, self.now()))
     }
 
     async fn delete_stale(&self, row: &QueueRow) -> Result<StaleDelete, Error> {
@@ -797,6 +800,7 @@ impl Attempt<'_> {
         let mut first = true;
         loop {
             let mut failures = 0;
+            let asked = self.now();
             let (items, next) = loop {
                 match self
                     .locker
@@ -829,7 +833,7 @@ impl Attempt<'_> {
                     return Ok(Look::Removed);
                 }
                 let Some(row) = entry else { continue };
-                if self.alive(row).await? {
+                if self.alive(row, asked).await? {
                     // Entries read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more. The counter is not one:
                     // counted, it put every waiter a place further back than it is, and the
@@ -858,6 +862,7 @@ impl Attempt<'_> {
         let give_up = self.retry_budget();
         loop {
             let mut failures = 0;
+            let asked = self.now();
             let lowest = loop {
                 match self.locker.store.read_lowest(self.key).await {
                     Ok(item) => break item,
@@ -871,7 +876,7 @@ impl Attempt<'_> {
             if row.ticket >= m.ticket {
                 return Ok(None);
             }
-            if !self.alive(&row).await? {
+            if !self.alive(&row, asked).await? {
                 continue; // passed over: read where the queue starts now
             }
             let ahead = usize::try_from(m.ticket - row.ticket).unwrap_or(usize::MAX);
