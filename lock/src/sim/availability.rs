@@ -147,19 +147,17 @@ pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
 /// Every 20 ms, for each holder: a loss must have a cause, and a removed entry must be noticed.
 pub(super) fn check_holders(ctx: &Ctx) {
     let now = Instant::now();
-    let gone = ctx
-        .net
-        .table
-        .lock()
-        .map(|t| t.gone.clone())
-        .unwrap_or_default();
+    let Ok(table) = ctx.net.table.lock() else {
+        return;
+    };
     let mut found = Vec::new();
     ctx.with(|m| {
         for h in m.holders.iter_mut() {
             if h.lost_at.is_some() {
                 continue;
             }
-            let removed = gone
+            let removed = table
+                .gone
                 .iter()
                 .find(|g| g.key == h.key && g.owner == h.owner && g.ticket == h.token)
                 .map(|g| g.at);
@@ -180,6 +178,7 @@ pub(super) fn check_holders(ctx: &Ctx) {
             }
         }
     });
+    drop(table);
     for (who, key, token, lease, exempt, late) in found {
         match late {
             None => {
