@@ -566,6 +566,7 @@ impl Attempt<'_> {
         let first_sent = clock.now();
         let wall = clock.wall_ms();
         let lease_until_ms = opts.lease_until_ms(wall);
+        let rvn = new_id(clock);
         let row = NewRow {
             key: self.key,
             ticket,
@@ -574,7 +575,7 @@ impl Attempt<'_> {
             lease_ms: millis(opts.lease),
             expires_at: opts.expires_at(lease_until_ms),
             clock_free: opts.clock_free(),
-            rvn: &new_id(clock),
+            rvn: &rvn,
             now_ms: wall,
             granted: clear,
             holder: &opts.holder,
@@ -586,7 +587,12 @@ impl Attempt<'_> {
                 counter,
                 row: row.to_item(),
                 owner: owner.to_owned(),
-                token: format!("{owner}{ticket:016x}"),
+                // One token per distinct request (its version is new at every prepare): a
+                // retry resends the same request under the same token, while another request
+                // for the same ticket (after a changed counter) is judged on its own (found by
+                // the simulation, seed 275: under the owner's token it was refused as an
+                // `IdempotentParameterMismatch`, a fatal error, instead of meeting `OursOlder`).
+                token: format!("{rvn}{ticket:016x}"),
                 seat: clear,
             },
             first_sent,

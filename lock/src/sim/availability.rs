@@ -139,8 +139,6 @@ pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
             call.started.saturating_duration_since(last),
             ready.saturating_duration_since(call.started)
         ));
-    } else {
-        ctx.with(|m| m.applied("takeover (busy, a live entry possible)"));
     }
 }
 

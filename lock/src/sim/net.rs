@@ -126,8 +126,13 @@ impl Net {
         let result = match self.table.lock() {
             Ok(mut t) => {
                 let result = t.apply(request, now);
-                if let Ok(response) = &result {
-                    t.outcomes.count(&kind(request, response));
+                match &result {
+                    Ok(response) => t.outcomes.count(&kind(request, response)),
+                    Err(f) => t.outcomes.count(&format!(
+                        "{} failed: {}",
+                        request.operation(),
+                        f.describe().chars().take(40).collect::<String>()
+                    )),
                 }
                 result
             }
