@@ -385,7 +385,10 @@ impl Dynamo {
             // acquisition that met an older entry of its own, removed it and took the seat
             // again at another ticket), which a release of the old ticket must not empty.
             let result = self
-                .vacate(key, &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))])
+                .vacate(
+                    key,
+                    &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))],
+                )
                 .customize()
                 .config_override(no_sdk_retry)
                 .send()
@@ -438,7 +441,10 @@ impl Dynamo {
         if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner)
             && equal.iter().any(|(a, _)| *a == schema::OWNER)
         {
-            terms = vec![format!("attribute_exists({})", schema::seat_placeholder(schema::OWNER))];
+            terms = vec![format!(
+                "attribute_exists({})",
+                schema::seat_placeholder(schema::OWNER)
+            )];
             values.clear();
         }
         let mut update = self

@@ -162,16 +162,33 @@ pub(super) fn check_holders(ctx: &Ctx) {
             if h.lost.reason().is_some() {
                 h.lost_at = Some(now);
                 if removed.is_some() {
-                    m.checked.entry("loss notice (entry removed under a holder)").and_modify(|n| *n += 1).or_insert(1);
+                    m.checked
+                        .entry("loss notice (entry removed under a holder)")
+                        .and_modify(|n| *n += 1)
+                        .or_insert(1);
                 }
-                found.push((h.who.clone(), h.key.clone(), h.token, h.lease, h.exempt, None));
+                found.push((
+                    h.who.clone(),
+                    h.key.clone(),
+                    h.token,
+                    h.lease,
+                    h.exempt,
+                    None,
+                ));
                 continue;
             }
             if let Some(at) = removed {
                 let bound = h.interval + ctx.attempt_timeout + TICK;
                 if now > at + bound {
                     h.lost_at = Some(now); // reported once
-                    found.push((h.who.clone(), h.key.clone(), h.token, h.lease, h.exempt, Some((at, bound))));
+                    found.push((
+                        h.who.clone(),
+                        h.key.clone(),
+                        h.token,
+                        h.lease,
+                        h.exempt,
+                        Some((at, bound)),
+                    ));
                 }
             }
         }

@@ -303,8 +303,13 @@ async fn a_broken_request_condition_in_store_is_caught() {
         let found = compare(8).await;
         drop(planted);
         match found {
-            Ok(_) => panic!("{m:?} survived the differential test: store.rs's conditions are unchecked"),
-            Err(difference) => eprintln!("mutation {m:?}: caught: {}", difference.lines().next().unwrap_or("")),
+            Ok(_) => {
+                panic!("{m:?} survived the differential test: store.rs's conditions are unchecked")
+            }
+            Err(difference) => eprintln!(
+                "mutation {m:?}: caught: {}",
+                difference.lines().next().unwrap_or("")
+            ),
         }
     }
 }

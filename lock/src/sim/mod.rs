@@ -199,13 +199,13 @@ impl Monitor {
     fn grant(
         &mut self,
         who: &str,
-        key: &str,
+        plan: &KeyPlan,
         token: u64,
         owner: &str,
         lost: LostSignal,
         wiped: bool,
-        timing: (Duration, Duration),
     ) {
+        let key = plan.name.as_str();
         self.grants += 1;
         let exempt = self.deleted_by_hand.contains(owner);
         let others: Vec<String> = self
@@ -240,8 +240,8 @@ impl Monitor {
             owner: owner.to_owned(),
             lost,
             exempt,
-            interval: timing.0,
-            lease: timing.1,
+            interval: plan.opts.heartbeat_interval(),
+            lease: plan.opts.lease,
             lost_at: None,
         });
     }
@@ -707,7 +707,6 @@ async fn process(
     let locker = Locker::on(Arc::new(endpoint), "sim").with_clock(clock.clone());
     let who = plan.who.clone();
     let lease = key.opts.lease;
-    let timing = (key.opts.heartbeat_interval(), lease);
     // Hold lengths beyond the first draw come from a generator of their own, so the schedules
     // of the main generator (and the named ones) keep their shape.
     let mut holds = StdRng::seed_from_u64(plan.seed ^ 0x401d);
@@ -753,15 +752,7 @@ async fn process(
                 if let Ok(g) = &r {
                     let wiped = ctx.wiped(&key.name);
                     ctx.with(|m| {
-                        m.grant(
-                            &who,
-                            &key.name,
-                            g.token(),
-                            g.owner(),
-                            g.lost_signal(),
-                            wiped,
-                            timing,
-                        );
+                        m.grant(&who, key, g.token(), g.owner(), g.lost_signal(), wiped);
                     });
                 }
                 std::mem::forget(r);
@@ -826,17 +817,7 @@ async fn process(
             key.name
         ));
         let wiped = ctx.wiped(&key.name);
-        ctx.with(|m| {
-            m.grant(
-                &who,
-                &key.name,
-                token,
-                guard.owner(),
-                guard.lost_signal(),
-                wiped,
-                timing,
-            )
-        });
+        ctx.with(|m| m.grant(&who, key, token, guard.owner(), guard.lost_signal(), wiped));
         let by_hand = ctx
             .with(|m| m.deleted_by_hand.contains(guard.owner()))
             .unwrap_or(false);
@@ -974,11 +955,7 @@ fn sweep_once(ctx: &Ctx, grace: Duration, offset_ms: i64) {
 /// the key's last crash or cancellation): every dead entry is stale by then and two looks have
 /// passed it over. A queue that only the sweeper or TTL could free breaks it, and so does a
 /// waiter that looks too rarely.
-async fn stuck_watch(
-    ctx: Ctx,
-    keys: Vec<KeyPlan>,
-    stop: tokio_util::sync::CancellationToken,
-) {
+async fn stuck_watch(ctx: Ctx, keys: Vec<KeyPlan>, stop: tokio_util::sync::CancellationToken) {
     let mut since: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
         tokio::select! {

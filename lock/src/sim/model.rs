@@ -257,7 +257,8 @@ impl Table {
 
     /// Records that the entry on `item` (a row, or a counter's seat), if any, is gone.
     fn record_gone(&mut self, key: &str, item: &Item, now: Instant) {
-        if let (Some(owner), Some(ticket)) = (string(item, schema::OWNER), num(item, schema::TICKET))
+        if let (Some(owner), Some(ticket)) =
+            (string(item, schema::OWNER), num(item, schema::TICKET))
         {
             self.gone.push(Gone {
                 key: key.to_owned(),

@@ -70,12 +70,7 @@ fn a_missing_row_retried_until_the_lease_is_a_late_loss_notice() {
 
 #[test]
 fn waiters_that_look_rarely_break_progress() {
-    caught_by(
-        "lazy looks",
-        mutant(Mutant::LazyLooks),
-        1000,
-        &["progress"],
-    );
+    caught_by("lazy looks", mutant(Mutant::LazyLooks), 1000, &["progress"]);
 }
 
 #[test]
@@ -84,7 +79,12 @@ fn a_dead_row_passed_over_many_leases_late_breaks_progress() {
         mutation: Some(Mutation::SlowTakeover),
         ..Knobs::default()
     };
-    caught_by("dead rows passed over thirty leases late", knobs, 1000, &["progress"]);
+    caught_by(
+        "dead rows passed over thirty leases late",
+        knobs,
+        1000,
+        &["progress"],
+    );
 }
 
 #[test]

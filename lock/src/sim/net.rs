@@ -237,8 +237,11 @@ impl Storage for Endpoint {
                 net.fault(&ep.who, started, Instant::now());
                 if let Ok(mut t) = net.table.lock() {
                     let seat = matches!(&request, Request::Enqueue(e) if e.seat);
-                    t.outcomes
-                        .count(if seat { "TakeSeat Conflict" } else { "Enqueue Conflict" });
+                    t.outcomes.count(if seat {
+                        "TakeSeat Conflict"
+                    } else {
+                        "Enqueue Conflict"
+                    });
                 }
                 net.trace
                     .line(format!("{} conflict on {}", ep.who, describe(&request)));

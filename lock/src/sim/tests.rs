@@ -129,11 +129,12 @@ impl Coverage {
         rows.push(("token replay".into(), o.token_replays));
         rows.push(("TTL delete".into(), o.ttl_deleted));
         rows.push(("sweeper delete".into(), o.swept));
-        rows.extend(
-            checks
-                .iter()
-                .map(|c| (format!("check: {c}"), self.checked.get(c).copied().unwrap_or(0))),
-        );
+        rows.extend(checks.iter().map(|c| {
+            (
+                format!("check: {c}"),
+                self.checked.get(c).copied().unwrap_or(0),
+            )
+        }));
         let missing = rows
             .iter()
             .filter(|(_, n)| *n == 0)
@@ -543,5 +544,3 @@ fn replay_clock_free() {
     }
     println!("violations: {:#?}", r.violations);
 }
-
-
