@@ -27,6 +27,11 @@
 //! 5. Liveness: once faults stop, every participant finishes its cycles; a few seconds after,
 //!    no row of a participant that did not crash is left; after TTL and the sweeper have had
 //!    their time, no row at all.
+//! 6. Availability ([`availability`]): no spurious loss, prompt loss notice, tight waits,
+//!    takeover in every wait mode, progress under contention, each with the exact bound
+//!    PROTOCOL.md states. Deliberate defects in the protocol's own code ([`mutant`]) show each
+//!    check failing (`mutations.rs`); the run counts every kind of answer the table gave, and
+//!    how often each check applied, for the coverage table.
 //!
 //! **Replaying a seed**: `FLIGHTLOCK_SIM_SEED=<seed> cargo test -p flightlock --lib
 //! sim::tests::replay -- --nocapture` prints the whole trace.
