@@ -6,9 +6,12 @@
 //!
 //! - **No spurious loss**: a holder loses its lock only if one of its requests met a fault in the
 //!   lease before the loss, or an operator removed its entry.
-//! - **Tight waits**: a fault-free `wait = d` call answers (granted or busy) within `d + A`, a
-//!   bounded `wait = 0` within `A`, a clock-free `wait = 0` within `2·lease + max_poll +
-//!   1.1·poll + A` (`A`: one request attempt's timeout).
+//! - **Tight waits**: a fault-free `wait = d` call answers (granted or busy) within `d` plus one
+//!   round trip for the request in flight then and for each it sends after (a look's pages, our
+//!   row's removal); a bounded `wait = 0` within the round trips of its one decision (the read's
+//!   pages, stale deletes, one write); a clock-free `wait = 0` the same after `2·lease +
+//!   max_poll + 1.1·poll` (its watch of a row it does not know). A round trip of a request that
+//!   meets no fault is at most an attempt timeout `A`; in the simulation, twice the one-way delay.
 //! - **Takeover in every wait mode**: a fault-free call whose key only dead entries block is
 //!   granted, not told busy, once they are stale (see [`ready`]).
 //! - **Prompt loss notice**: a holder whose entry is removed, by anyone, learns it within one
@@ -48,16 +51,19 @@ fn watched(lease: Duration) -> Duration {
     lease + lease / 64
 }
 
-/// How long a call with `wait` may take on a fault-free span (`A` = `attempt`).
-pub(super) fn tight_bound(key: &KeyPlan, wait: Wait, attempt: Duration) -> Option<Duration> {
+/// When a call with `wait` stops waiting, after its start: `d`; `0` for a bounded `wait = 0`;
+/// for a clock-free `wait = 0`, the end of its watch of a row it does not know
+/// (`2·lease + max_poll`, and the poll that may straddle it). From then on it only finishes the
+/// requests of its decision (a read's pages, stale deletes, one write, our row's removal).
+pub(super) fn deadline(key: &KeyPlan, wait: Wait) -> Option<Duration> {
     let opts = &key.opts;
     match wait {
         Wait::Forever => None,
         Wait::NoWait if opts.clock_free() => {
-            Some(opts.lease * 2 + opts.max_poll + opts.poll.mul_f64(1.1) + attempt)
+            Some(opts.lease * 2 + opts.max_poll + opts.poll.mul_f64(1.1))
         }
-        Wait::NoWait => Some(attempt),
-        Wait::For(d) => Some(d + attempt),
+        Wait::NoWait => Some(Duration::ZERO),
+        Wait::For(d) => Some(d),
     }
 }
 
@@ -77,7 +83,7 @@ pub(super) fn ready(key: &KeyPlan, last: Instant, started: Instant) -> Instant {
 /// Checks a finished call: its duration, and (busy) whether dead entries alone kept it out.
 pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
     let now = Instant::now();
-    let Some(bound) = tight_bound(call.key, call.wait, ctx.attempt_timeout) else {
+    let Some(deadline) = deadline(call.key, call.wait) else {
         return;
     };
     let name = &call.key.name;
@@ -93,6 +99,10 @@ pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
         return;
     }
     let elapsed = now - call.started;
+    // The request in flight at the deadline, and each one sent after it: one round trip each.
+    let after = ctx.net.sent_since(call.who, call.started + deadline);
+    let trips = u32::try_from(after + 1).unwrap_or(u32::MAX);
+    let bound = deadline + ctx.net.round_trip * trips;
     ctx.with(|m| m.applied("tight wait"));
     if elapsed > bound {
         ctx.violation(format!(
@@ -157,8 +167,10 @@ pub(super) fn check_holders(ctx: &Ctx) {
             let removed = table
                 .gone
                 .iter()
-                .find(|g| g.key == h.key && g.owner == h.owner && g.ticket == h.token)
-                .map(|g| g.at);
+                .filter(|g| g.key == h.key && g.owner == h.owner && g.ticket == h.token)
+                .map(|g| g.at)
+                .max()
+                .filter(|&at| !rewritten(ctx, &h.key, &h.owner, at));
             if h.lost.reason().is_some() {
                 h.lost_at = Some(now);
                 if removed.is_some() {
@@ -220,6 +232,15 @@ pub(super) fn check_holders(ctx: &Ctx) {
             }
         }
     }
+}
+
+/// Whether a write of `owner`'s entry on `key` landed after `at`: the same acquisition wrote its
+/// entry again (a new seat or row, same owner and ticket) after an earlier one was removed.
+fn rewritten(ctx: &Ctx, key: &str, owner: &str, at: Instant) -> bool {
+    ctx.net.writes.lock().is_ok_and(|w| {
+        w.iter()
+            .any(|l| l.key == key && l.owner == owner && l.at > at)
+    })
 }
 
 /// Progress under contention: the longest a key with a forever waiter may go without a holder

@@ -419,6 +419,8 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         sent: Mutex::default(),
         faulted: Mutex::default(),
         writes: Mutex::default(),
+        requests: Mutex::default(),
+        round_trip: faults.delay.max(Faults::CALM.delay) * 2 + Duration::from_millis(1),
     });
     let ctx = Ctx {
         net: net.clone(),
@@ -974,7 +976,12 @@ async fn stuck_watch(ctx: Ctx, keys: Vec<KeyPlan>, stop: tokio_util::sync::Cance
                 .with(|m| {
                     (
                         m.waiting.iter().any(|(k, _)| *k == key.name),
-                        m.believers(&key.name, "").next().is_some(),
+                        // Anyone who believes it holds, exempt from the exclusion checks or
+                        // not: an owner whose earlier entry an operator deleted may hold a
+                        // later one of its own by right (found in clock-free schedule 7001375).
+                        m.holders
+                            .iter()
+                            .any(|h| h.key == key.name && h.lost.reason().is_none()),
                         m.upset_at.get(&key.name).copied(),
                     )
                 })

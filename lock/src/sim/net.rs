@@ -71,6 +71,10 @@ pub(crate) struct Net {
     pub faulted: Mutex<std::collections::HashMap<String, Vec<(Instant, Instant)>>>,
     /// Every write that set a new version of an entry (enqueue, seat, heartbeat), as it landed.
     pub writes: Mutex<Vec<Landed>>,
+    /// When each participant sent each of its requests.
+    pub requests: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
+    /// The longest round trip of a request that meets no fault: twice the one-way delay.
+    pub round_trip: Duration,
 }
 
 /// A write that set an entry's version.
@@ -78,6 +82,8 @@ pub(crate) struct Net {
 pub(crate) struct Landed {
     pub key: String,
     pub who: String,
+    /// The entry's owner id.
+    pub owner: String,
     /// When its request was sent.
     pub sent: Instant,
     /// When the table applied it.
@@ -104,6 +110,14 @@ impl Net {
         } else {
             faults.delay.mul_f64(r)
         }
+    }
+
+    /// How many requests `who` sent at or after `from`.
+    pub(crate) fn sent_since(&self, who: &str, from: Instant) -> usize {
+        self.requests.lock().map_or(0, |r| {
+            r.get(who)
+                .map_or(0, |sent| sent.iter().filter(|&&at| at >= from).count())
+        })
     }
 
     /// Whether a request of `who` met a fault at any moment of `[from, to]`.
@@ -146,15 +160,16 @@ impl Net {
             Ok(Response::Enqueue(Enqueue::Done | Enqueue::AlreadyOurs)
                 | Response::Renewal(crate::storage::Renewal::Renewed))
         );
-        let key = match request {
-            Request::Enqueue(e) => Some(&e.key),
-            Request::Heartbeat(b) => Some(&b.key),
+        let entry = match request {
+            Request::Enqueue(e) => Some((&e.key, &e.owner)),
+            Request::Heartbeat(b) => Some((&b.key, &b.owner)),
             _ => None,
         };
-        if let (true, Some(key), Ok(mut w)) = (versioned, key, self.writes.lock()) {
+        if let (true, Some((key, owner)), Ok(mut w)) = (versioned, entry, self.writes.lock()) {
             w.push(Landed {
                 key: key.clone(),
                 who: who.to_owned(),
+                owner: owner.clone(),
                 sent,
                 at: now,
             });
@@ -217,6 +232,9 @@ impl Storage for Endpoint {
             let go = net.delay(&faults);
             let back = net.delay(&faults);
             let started = Instant::now();
+            if let Ok(mut r) = net.requests.lock() {
+                r.entry(ep.who.to_string()).or_default().push(started);
+            }
             if go > faults.delay || back > faults.delay {
                 net.fault(&ep.who, started, started + go + back);
             }
