@@ -241,6 +241,10 @@ impl Drop for Membership {
             return;
         }
         self.cancel.cancel();
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+            return;
+        }
         // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
         // the background if a runtime is still there; otherwise it goes stale after one lease.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -321,7 +325,7 @@ impl Heartbeat {
         // (`leaseUntilMs <= :until`) passes even if our wall clock stepped back, while an older
         // heartbeat that lands late fails it instead of rolling the lease back.
         let mut last_until = first_lease_until_ms;
-        let mut next = Instant::now() + self.timing.interval;
+        let mut next = Instant::now() + self.interval();
         let mut failures: u32 = 0;
         loop {
             tokio::select! {
@@ -372,11 +376,16 @@ impl Heartbeat {
                 Ok(Renewal::Renewed) => {
                     failures = 0;
                     valid_until = sent + valid_for;
-                    next = sent + self.timing.interval;
+                    next = sent + self.interval();
                     self.state.send_replace(RowState::Live(valid_until));
                     continue;
                 }
-                Ok(Renewal::Gone) => return self.lost(LostReason::RowGone),
+                Ok(Renewal::Gone) if !gone_retried() => return self.lost(LostReason::RowGone),
+                Ok(Renewal::Gone) => Failure::Retry {
+                    throttled: false,
+                    operation: "UpdateItem",
+                    source: "mutant: a missing row retried".into(),
+                },
                 // Only an older heartbeat can meet a later lease; ours are sent in order with
                 // non-decreasing leases. Not extended: treat it as a failed attempt.
                 Ok(Renewal::Superseded) => Failure::Retry {
@@ -406,10 +415,29 @@ impl Heartbeat {
         }
     }
 
+    /// The pause between renewals (under a test-only mutant, a whole lease).
+    fn interval(&self) -> Duration {
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::HeartbeatEveryLease) {
+            return self.timing.opts.lease;
+        }
+        self.timing.interval
+    }
+
     fn lost(&self, reason: LostReason) {
         tracing::error!(key = %self.key, ticket = self.ticket, %reason, "lock lost");
         self.state.send_replace(RowState::Lost(reason));
     }
+}
+
+/// Whether a renewal that found the row gone is retried (only under a test-only mutant: the
+/// lost signal must fire at once).
+fn gone_retried() -> bool {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::GoneRetriedUntilLease) {
+        return true;
+    }
+    false
 }
 
 /// Whole milliseconds of a duration, saturating.

@@ -48,7 +48,11 @@ struct Sighting {
     rvn: String,
     since: Instant,
     last: Instant,
-    changed: bool,
+    /// When the latest read that showed this `rvn` was first sent: the server read it after.
+    last_read: Instant,
+    /// Until when the owner is known to have been alive less than a lease before: a change of
+    /// `rvn` proves a write after the previous version was last seen, so the owner lived then.
+    alive_until: Option<Instant>,
 }
 
 /// Sightings not refreshed for this long are forgotten.
@@ -65,6 +69,22 @@ impl Observer {
         now: Instant,
         skew: ClockSkew,
     ) -> Verdict {
+        self.judge_read(row, wall_ms, now, now, skew)
+    }
+
+    /// [`Observer::judge`] of a row from a read first sent at `asked` (before any retry): the
+    /// server read it at some moment between then and `now`. Staleness counts from `now` (the
+    /// later bound: never too early); a change of `rvn` proves its owner alive only after the
+    /// earlier read was *sent* (a slow answer may carry a version long replaced).
+    pub fn judge_read(
+        &mut self,
+        row: &QueueRow,
+        wall_ms: i64,
+        asked: Instant,
+        now: Instant,
+        skew: ClockSkew,
+    ) -> Verdict {
+        let asked = asked.min(now);
         let sighting = self
             .seen
             .entry(row.owner.clone())
@@ -72,14 +92,20 @@ impl Observer {
                 rvn: row.rvn.clone(),
                 since: now,
                 last: now,
-                changed: false,
+                last_read: asked,
+                alive_until: None,
             });
         if sighting.rvn != row.rvn {
+            // The new version was written after the old one was last seen: its owner lived
+            // then, not necessarily now. A change first seen long after (a sighting from an
+            // earlier call) proves nothing about the present.
+            let lease = Duration::from_millis(u64::try_from(row.lease_ms).unwrap_or(0));
+            sighting.alive_until = Some(sighting.last_read + lease);
             sighting.rvn.clone_from(&row.rvn);
             sighting.since = now;
-            sighting.changed = true;
         }
         sighting.last = now;
+        sighting.last_read = asked;
         let first_seen = sighting.since;
         match skew {
             ClockSkew::Bounded(allowance) => {
@@ -102,10 +128,20 @@ impl Observer {
         }
     }
 
-    /// Whether we have seen this owner's row change: its owner was alive a moment ago. Clock-free
-    /// mode needs it to say "busy" truthfully: a row seen once may be a dead one.
-    pub fn seen_alive(&self, owner: &str) -> bool {
-        self.seen.get(owner).is_some_and(|s| s.changed)
+    /// Whether this owner's row was seen to change so that its owner is known to have lived less
+    /// than a lease before `now`: the change came between two sightings less than a lease apart
+    /// (in the past lease). Clock-free mode needs it to say "busy" truthfully: a row seen once
+    /// may be a dead one, and so may a row whose change was first seen long after the sighting
+    /// before it.
+    pub fn seen_alive(&self, owner: &str, now: Instant) -> bool {
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::BusyAtFirstSight) {
+            return self.seen.contains_key(owner);
+        }
+        self.seen
+            .get(owner)
+            .and_then(|s| s.alive_until)
+            .is_some_and(|until| now < until)
     }
 
     /// Forgets rows not seen for an hour, and the least recently seen beyond a bound, so memory
@@ -385,12 +421,42 @@ mod tests {
         let mut o = Observer::default();
         let now = Instant::now();
         o.judge(&row("a", "1", 0), 0, now, ClockSkew::Unbounded);
-        assert!(!o.seen_alive("a"));
+        assert!(!o.seen_alive("a", now));
         o.judge(&row("a", "1", 0), 0, now, ClockSkew::Unbounded);
-        assert!(!o.seen_alive("a"));
+        assert!(!o.seen_alive("a", now));
         o.judge(&row("a", "2", 0), 0, now, ClockSkew::Unbounded);
-        assert!(o.seen_alive("a"));
-        assert!(!o.seen_alive("b"));
+        assert!(o.seen_alive("a", now));
+        assert!(!o.seen_alive("b", now));
+        // A lease (10 s here) after the sighting before the change, the owner may be dead.
+        assert!(o.seen_alive("a", now + Duration::from_millis(9_999)));
+        assert!(!o.seen_alive("a", now + Duration::from_secs(10)));
+    }
+
+    /// Found by the simulation (seed 705): a read answered late (slow network) carried a
+    /// version long replaced; the liveness proof counts from when that read was sent.
+    #[test]
+    fn a_slow_answer_proves_nothing_past_its_request() {
+        let mut o = Observer::default();
+        let asked = Instant::now();
+        let answered = asked + Duration::from_secs(9);
+        o.judge_read(&row("a", "1", 0), 0, asked, answered, ClockSkew::Unbounded);
+        let later = answered + Duration::from_secs(2);
+        o.judge_read(&row("a", "2", 0), 0, later, later, ClockSkew::Unbounded);
+        // Written after `asked`, more than a lease (10 s) before `later`.
+        assert!(!o.seen_alive("a", later));
+    }
+
+    /// Found by the simulation (seed 705): a clock-free `wait = 0` saw a row, its owner wrote
+    /// once more and died, and two seconds later (more than its lease) the caller saw the new
+    /// version for the first time: "changed", so "alive", so busy, behind a dead holder.
+    #[test]
+    fn a_change_seen_a_lease_after_the_sighting_before_proves_nothing() {
+        let mut o = Observer::default();
+        let then = Instant::now();
+        o.judge(&row("a", "1", 0), 0, then, ClockSkew::Unbounded);
+        let later = then + Duration::from_secs(11);
+        o.judge(&row("a", "2", 0), 0, later, ClockSkew::Unbounded);
+        assert!(!o.seen_alive("a", later));
     }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;

@@ -369,6 +369,10 @@ impl InFlight {
     /// The rows that may exist, now that nobody will heartbeat them: removed in the background.
     fn abandon(&mut self) {
         let tickets = std::mem::take(&mut self.tickets);
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+            return;
+        }
         if tickets.is_empty() {
             return;
         }
@@ -455,6 +459,7 @@ impl Attempt<'_> {
     /// Reads the queue and removes stale rows ahead of `below` (all rows if `None`). Returns the
     /// snapshot and the first live row ahead, if any.
     async fn survey(&mut self, below: Option<u64>) -> Result<(Snapshot, Option<QueueRow>), Error> {
+        let asked = self.now();
         let snap = self
             .locker
             .read_with_retry(self.key, self.retry_budget())
@@ -469,7 +474,7 @@ impl Attempt<'_> {
             .iter()
             .filter(|r| below.is_none_or(|b| r.ticket < b))
         {
-            if self.alive(row).await? {
+            if self.alive(row, asked).await? {
                 first_live = Some(row.clone());
                 break; // one live row ahead is enough to wait; rows behind it are its business
             }
@@ -477,11 +482,27 @@ impl Attempt<'_> {
         Ok((snap, first_live))
     }
 
-    /// Whether a row ahead of us is live. A stale one is passed over: deleted conditionally on
-    /// the `rvn` judged; only a heartbeat that landed first (`Revived`) keeps it live.
-    async fn alive(&self, row: &QueueRow) -> Result<bool, Error> {
-        match self.judge(row) {
+    /// Whether a row ahead of us is live, from a read first sent at `asked`. A stale one is
+    /// passed over: deleted conditionally on the `rvn` judged; only a heartbeat that landed
+    /// first (`Revived`) keeps it live.
+    async fn alive(&self, row: &QueueRow, asked: Instant) -> Result<bool, Error> {
+        match self.judge(row, asked) {
+            #[cfg(test)]
+            Verdict::Live
+                if row.acquired_at_ms.is_none()
+                    && !row.seat
+                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitersAheadIgnored) =>
+            {
+                Ok(false)
+            }
             Verdict::Live => Ok(true),
+            #[cfg(test)]
+            Verdict::Stale
+                if self.opts.wait == Wait::NoWait
+                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::SkipTrustsEveryRow) =>
+            {
+                Ok(true)
+            }
             Verdict::Stale => {
                 let outcome = self.delete_stale(row).await?;
                 tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
@@ -490,12 +511,12 @@ impl Attempt<'_> {
         }
     }
 
-    fn judge(&self, row: &QueueRow) -> Verdict {
+    fn judge(&self, row: &QueueRow, asked: Instant) -> Verdict {
         let (wall, now) = (self.locker.clock.wall_ms(), self.now());
         match self.locker.observer.lock() {
             Ok(mut o) => {
                 o.forget_old(now);
-                o.judge(row, wall, now, self.opts.clock_skew)
+                o.judge_read(row, wall, asked, now, self.opts.clock_skew)
             }
             // A poisoned observer (a panic elsewhere) knows nothing: the row is live.
             Err(_) => Verdict::Live,
@@ -505,8 +526,9 @@ impl Attempt<'_> {
     /// Whether a live row ahead makes a `wait = 0` caller busy now. Bounded mode decides from one
     /// read. Clock-free mode cannot: a row seen once may belong to a dead owner, and only an
     /// unchanged `rvn` for a whole lease says so. It says busy once the row has been seen to
-    /// change (its owner is alive: at most one heartbeat interval of watching), and otherwise
-    /// keeps watching until the row goes stale and is passed over.
+    /// change since a sighting less than a lease ago (its owner lived within the lease: at most
+    /// one heartbeat interval of watching), and otherwise keeps watching until the row goes
+    /// stale and is passed over.
     fn busy_now(&self, head: &QueueRow) -> bool {
         if !self.opts.clock_free() {
             return true;
@@ -514,7 +536,7 @@ impl Attempt<'_> {
         self.locker
             .observer
             .lock()
-            .map_or(true, |o| o.seen_alive(&head.owner))
+            .map_or(true, |o| o.seen_alive(&head.owner, self.now()))
     }
 
     async fn delete_stale(&self, row: &QueueRow) -> Result<StaleDelete, Error> {
@@ -574,6 +596,7 @@ impl Attempt<'_> {
         let first_sent = clock.now();
         let wall = clock.wall_ms();
         let lease_until_ms = opts.lease_until_ms(wall);
+        let rvn = new_id(clock);
         let row = NewRow {
             key: self.key,
             ticket,
@@ -582,7 +605,7 @@ impl Attempt<'_> {
             lease_ms: millis(opts.lease),
             expires_at: opts.expires_at(lease_until_ms),
             clock_free: opts.clock_free(),
-            rvn: &new_id(clock),
+            rvn: &rvn,
             now_ms: wall,
             granted: clear,
             holder: &opts.holder,
@@ -594,7 +617,12 @@ impl Attempt<'_> {
                 counter,
                 row: row.to_item(),
                 owner: owner.to_owned(),
-                token: format!("{owner}{ticket:016x}"),
+                // One token per distinct request (its version is new at every prepare): a
+                // retry resends the same request under the same token, while another request
+                // for the same ticket (after a changed counter) is judged on its own (found by
+                // the simulation, seed 275: under the owner's token it was refused as an
+                // `IdempotentParameterMismatch`, a fatal error, instead of meeting `OursOlder`).
+                token: format!("{rvn}{ticket:016x}"),
                 seat: clear,
             },
             first_sent,
@@ -808,6 +836,7 @@ impl Attempt<'_> {
         let mut first = true;
         loop {
             let mut failures = 0;
+            let asked = self.now();
             let (items, next) = loop {
                 match self
                     .locker
@@ -840,7 +869,7 @@ impl Attempt<'_> {
                     return Ok(Look::Removed);
                 }
                 let Some(row) = entry else { continue };
-                if self.alive(row).await? {
+                if self.alive(row, asked).await? {
                     // Entries read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more. The counter is not one:
                     // counted, it put every waiter a place further back than it is, and the
@@ -869,6 +898,7 @@ impl Attempt<'_> {
         let give_up = self.retry_budget();
         loop {
             let mut failures = 0;
+            let asked = self.now();
             let lowest = loop {
                 match self.locker.store.read_lowest(self.key).await {
                     Ok(item) => break item,
@@ -882,7 +912,7 @@ impl Attempt<'_> {
             if row.ticket >= m.ticket {
                 return Ok(None);
             }
-            if !self.alive(&row).await? {
+            if !self.alive(&row, asked).await? {
                 continue; // passed over: read where the queue starts now
             }
             let ahead = usize::try_from(m.ticket - row.ticket).unwrap_or(usize::MAX);
@@ -997,7 +1027,18 @@ impl Attempt<'_> {
                 // wakes us; `max_poll` is only a backstop.
                 pause = jittered(self.opts.max_poll, jitter);
             }
-            if let Some(d) = self.deadline {
+            #[cfg(test)]
+            if crate::sim::mutant::on(crate::sim::mutant::Mutant::LazyLooks) {
+                pause *= 20;
+            }
+            #[cfg(test)]
+            let overshoots = crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitOvershoots);
+            #[cfg(not(test))]
+            let overshoots = false;
+            if overshoots && self.deadline.is_some() {
+                pause = pause.max(self.opts.max_poll);
+            }
+            if let Some(d) = self.deadline.filter(|_| !overshoots) {
                 pause = pause.min(d.saturating_duration_since(self.now()));
             }
             tokio::select! {

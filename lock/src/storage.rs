@@ -74,7 +74,7 @@ pub(crate) enum Request {
         owner: String,
     },
     /// `DeleteItem` of our own row, conditioned on `owner` (for the seat: `UpdateItem` of the
-    /// counter removing the seat's attributes, same condition).
+    /// counter removing the seat's attributes, conditioned on `owner` and `ticket`).
     DeleteOwned {
         /// Lock key.
         key: String,

@@ -305,7 +305,7 @@ impl Dynamo {
     ) -> Result<StaleDelete, Failure> {
         if seat {
             let result = self
-                .vacate(key, schema::RVN, s(rvn))
+                .vacate(key, &[(schema::RVN, s(rvn))])
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
@@ -326,7 +326,7 @@ impl Dynamo {
             .delete_item()
             .table_name(&*self.table)
             .set_key(Some(row_key(key, ticket)))
-            .condition_expression("#rvn = :rvn")
+            .condition_expression(stale_condition())
             .expression_attribute_names("#rvn", schema::RVN)
             .expression_attribute_values(":rvn", s(rvn))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -380,7 +380,7 @@ impl Dynamo {
             .table_name(&*self.table)
             .set_key(Some(entry_key(&beat.key, beat.ticket, beat.seat)))
             .update_expression(update)
-            .condition_expression(HEARTBEAT_CONDITION)
+            .condition_expression(heartbeat_condition())
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values(ReturnValue::None)
@@ -413,8 +413,14 @@ impl Dynamo {
         let no_sdk_retry = aws_sdk_dynamodb::config::Builder::default()
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
         if seat {
+            // On the ticket too: the seat may hold a later entry of the same owner (an
+            // acquisition that met an older entry of its own, removed it and took the seat
+            // again at another ticket), which a release of the old ticket must not empty.
             let result = self
-                .vacate(key, schema::OWNER, s(owner))
+                .vacate(
+                    key,
+                    &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))],
+                )
                 .customize()
                 .config_override(no_sdk_retry)
                 .send()
@@ -449,24 +455,42 @@ impl Dynamo {
     }
 
     /// An `UpdateItem` of `key`'s counter that empties its seat (removes
-    /// [`schema::SEAT_ATTRIBUTES`]) if the seat's `attribute` is `value`.
+    /// [`schema::SEAT_ATTRIBUTES`]) if each seat attribute of `equal` has its value.
     fn vacate(
         &self,
         key: &str,
-        attribute: &str,
-        value: aws_sdk_dynamodb::types::AttributeValue,
+        equal: &[(&str, aws_sdk_dynamodb::types::AttributeValue)],
     ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
         let (names, remove) = schema::seat_placeholders();
         // One placeholder per attribute: the condition uses the one the removal does.
-        let condition = format!("{} = :v", schema::seat_placeholder(attribute));
-        self.client
+        let mut terms = Vec::new();
+        let mut values = HashMap::new();
+        for (i, (attribute, value)) in equal.iter().enumerate() {
+            terms.push(format!("{} = :v{i}", schema::seat_placeholder(attribute)));
+            values.insert(format!(":v{i}"), value.clone());
+        }
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner)
+            && equal.iter().any(|(a, _)| *a == schema::OWNER)
+        {
+            terms = vec![format!(
+                "attribute_exists({})",
+                schema::seat_placeholder(schema::OWNER)
+            )];
+            values.clear();
+        }
+        let mut update = self
+            .client
             .update_item()
             .table_name(&*self.table)
             .set_key(Some(counter_key(key)))
             .update_expression(remove)
-            .condition_expression(condition)
-            .set_expression_attribute_names(Some(names))
-            .expression_attribute_values(":v", value)
+            .condition_expression(terms.join(" AND "))
+            .set_expression_attribute_names(Some(names));
+        if !values.is_empty() {
+            update = update.set_expression_attribute_values(Some(values));
+        }
+        update
     }
 
     /// Maps an SDK error to retry-or-fatal, with actionable messages for what a user must fix.
@@ -587,8 +611,28 @@ fn fatal_build(operation: &'static str, e: aws_sdk_dynamodb::error::BuildError) 
     })
 }
 
+/// A stale row's delete: still the version that was judged. (Under the test-only mutant: any
+/// version, so the differential test must see the difference.)
+fn stale_condition() -> &'static str {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreStaleDeleteUnconditional) {
+        return "#rvn = :rvn OR attribute_exists(#rvn)";
+    }
+    "#rvn = :rvn"
+}
+
 /// The heartbeat's condition: the row is ours, and its lease is not later than the one we write.
 pub(crate) const HEARTBEAT_CONDITION: &str = "#owner = :owner AND #until <= :until";
+
+/// [`HEARTBEAT_CONDITION`], or under the test-only mutant the owner alone (the differential test
+/// must see the difference).
+fn heartbeat_condition() -> &'static str {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreHeartbeatOwnerOnly) {
+        return "#owner = :owner AND #until = #until";
+    }
+    HEARTBEAT_CONDITION
+}
 
 /// What a refused heartbeat means, from the item the condition failed on.
 pub(crate) fn renewal_refused(item: Option<&crate::storage::Item>, owner: &str) -> Renewal {

@@ -186,20 +186,16 @@ fn sorted(items: &[Item]) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
-#[tokio::test]
-async fn the_model_answers_as_dynamodb_local_does() {
+/// Sends `seeds` × 150 seeded requests to DynamoDB Local and to the model. `Err`: the first
+/// difference (an outcome, or the items left); `Ok`: the kinds of outcome compared, counted.
+async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let table = flightlock_testkit::unique_table("differential");
     crate::table::create_table(&client, &table).await.unwrap();
     let dynamo: Arc<dyn Storage> = Arc::new(Dynamo::new(client, &table));
     let mut model = Table::new(Instant::now(), 0);
-    let seeds: u64 = std::env::var("FLIGHTLOCK_DIFF_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
     let run: u32 = rand::random();
-    let mut compared = 0;
     let mut kinds = BTreeMap::<String, u32>::new();
     for seed in 0..seeds {
         let mut rng = StdRng::seed_from_u64(seed);
@@ -209,10 +205,11 @@ async fn the_model_answers_as_dynamodb_local_does() {
             let real = dynamo.call(req.clone()).await;
             let modeled = model.apply(&req, Instant::now());
             let (a, b) = (normalize(&real), normalize(&modeled));
-            assert_eq!(
-                a, b,
-                "seed {seed} step {step}: {req:?}\n DynamoDB Local: {a}\n model: {b}"
-            );
+            if a != b {
+                return Err(format!(
+                    "seed {seed} step {step}: {req:?}\n DynamoDB Local: {a}\n model: {b}"
+                ));
+            }
             let seat = match &req {
                 Request::Enqueue(r) => r.seat,
                 Request::Heartbeat(beat) => beat.seat,
@@ -222,7 +219,6 @@ async fn the_model_answers_as_dynamodb_local_does() {
             let label: String = b.chars().take(24).collect();
             let label = if seat { format!("seat {label}") } else { label };
             *kinds.entry(label).or_default() += 1;
-            compared += 1;
         }
         for key in ["k0", "k1"] {
             let real = dynamo
@@ -233,16 +229,28 @@ async fn the_model_answers_as_dynamodb_local_does() {
                 })
                 .await;
             let Ok(Response::Page { items, .. }) = real else {
-                panic!("query failed: {real:?}")
+                return Err(format!("query failed: {real:?}"));
             };
-            assert_eq!(
-                sorted(&items),
-                sorted(&model.partition(key)),
-                "seed {seed}: the tables differ for {key}"
-            );
+            if sorted(&items) != sorted(&model.partition(key)) {
+                return Err(format!("seed {seed}: the tables differ for {key}"));
+            }
         }
         // The next seed starts from the same state on both sides: both hold what they hold.
     }
+    Ok(kinds)
+}
+
+#[tokio::test]
+async fn the_model_answers_as_dynamodb_local_does() {
+    let seeds: u64 = std::env::var("FLIGHTLOCK_DIFF_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let kinds = match compare(seeds).await {
+        Ok(kinds) => kinds,
+        Err(difference) => panic!("{difference}"),
+    };
+    let compared: u32 = kinds.values().sum();
     eprintln!("differential: {compared} requests compared; outcomes {kinds:?}");
     // Every kind of outcome the protocol distinguishes was met.
     for needed in [
@@ -277,5 +285,31 @@ async fn the_model_answers_as_dynamodb_local_does() {
             kinds.keys().any(|k| k.starts_with(needed)),
             "no {needed} among {kinds:?}"
         );
+    }
+}
+
+/// The mutation suite's half for `store.rs`: each request condition broken on purpose must make
+/// DynamoDB Local answer differently from the model within the differential's requests. (The
+/// simulation runs the model's conditions, so only this test can see `store.rs`'s.)
+#[tokio::test]
+async fn a_broken_request_condition_in_store_is_caught() {
+    use super::mutant::{plant, Mutant};
+    for m in [
+        Mutant::StoreHeartbeatOwnerOnly,
+        Mutant::StoreVacateAnyOwner,
+        Mutant::StoreStaleDeleteUnconditional,
+    ] {
+        let planted = plant(Some(m));
+        let found = compare(8).await;
+        drop(planted);
+        match found {
+            Ok(_) => {
+                panic!("{m:?} survived the differential test: store.rs's conditions are unchecked")
+            }
+            Err(difference) => eprintln!(
+                "mutation {m:?}: caught: {}",
+                difference.lines().next().unwrap_or("")
+            ),
+        }
     }
 }

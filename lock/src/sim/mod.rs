@@ -27,14 +27,25 @@
 //! 5. Liveness: once faults stop, every participant finishes its cycles; a few seconds after,
 //!    no row of a participant that did not crash is left; after TTL and the sweeper have had
 //!    their time, no row at all.
+//! 6. Availability ([`availability`]): no spurious loss, prompt loss notice, tight waits,
+//!    takeover in every wait mode, progress under contention, each with the exact bound
+//!    PROTOCOL.md states. Deliberate defects in the protocol's own code ([`mutant`]) show each
+//!    check failing (`mutations.rs`); the run counts every kind of answer the table gave, and
+//!    how often each check applied, for the coverage table.
 //!
 //! **Replaying a seed**: `FLIGHTLOCK_SIM_SEED=<seed> cargo test -p flightlock --lib
 //! sim::tests::replay -- --nocapture` prints the whole trace.
 
+mod availability;
 #[cfg(test)]
 mod differential;
 pub(crate) mod model;
+pub(crate) mod mutant;
+#[cfg(test)]
+mod mutations;
 pub(crate) mod net;
+#[cfg(test)]
+mod scripted;
 #[cfg(test)]
 mod tests;
 
@@ -92,6 +103,8 @@ pub(crate) struct Knobs {
     pub understate_skew: bool,
     /// Every key in clock-free mode.
     pub all_clock_free: bool,
+    /// A deliberate defect in the protocol's own code (see [`mutant`]).
+    pub mutant: Option<mutant::Mutant>,
 }
 
 /// The result of one run.
@@ -101,6 +114,8 @@ pub(crate) struct Report {
     pub violations: Vec<String>,
     pub trace: Vec<String>,
     pub outcomes: Outcomes,
+    /// How often each availability check applied (and other paths worth counting).
+    pub checked: BTreeMap<&'static str, u64>,
     pub grants: u64,
     pub busy: u64,
     pub crashes: u64,
@@ -136,6 +151,11 @@ struct Holder {
     owner: String,
     lost: LostSignal,
     exempt: bool,
+    /// The key's heartbeat interval and lease.
+    interval: Duration,
+    lease: Duration,
+    /// When the monitor saw the lost signal (or reported a late one).
+    lost_at: Option<Instant>,
 }
 
 /// The checker's view of who holds what.
@@ -153,6 +173,12 @@ struct Monitor {
     finished: BTreeSet<String>,
     /// (key, who) of participants inside an acquisition that waits forever.
     waiting: BTreeSet<(String, String)>,
+    /// When an operator acted on each key.
+    operator_at: BTreeMap<String, Vec<Instant>>,
+    /// The last crash or cancellation of a participant on each key.
+    upset_at: BTreeMap<String, Instant>,
+    /// How often each availability check applied.
+    checked: BTreeMap<&'static str, u64>,
     grants: u64,
     busy: u64,
     crashes: u64,
@@ -160,6 +186,15 @@ struct Monitor {
 }
 
 impl Monitor {
+    fn applied(&mut self, check: &'static str) {
+        *self.checked.entry(check).or_default() += 1;
+    }
+
+    /// A participant on `key` crashed or cancelled an acquisition.
+    fn upset(&mut self, key: &str) {
+        self.upset_at.insert(key.to_owned(), Instant::now());
+    }
+
     fn believers<'a>(&'a self, key: &'a str, except: &'a str) -> impl Iterator<Item = &'a Holder> {
         self.holders.iter().filter(move |h| {
             h.key == key && h.who != except && !h.exempt && h.lost.reason().is_none()
@@ -169,12 +204,13 @@ impl Monitor {
     fn grant(
         &mut self,
         who: &str,
-        key: &str,
+        plan: &KeyPlan,
         token: u64,
         owner: &str,
         lost: LostSignal,
         wiped: bool,
     ) {
+        let key = plan.name.as_str();
         self.grants += 1;
         let exempt = self.deleted_by_hand.contains(owner);
         let others: Vec<String> = self
@@ -209,6 +245,9 @@ impl Monitor {
             owner: owner.to_owned(),
             lost,
             exempt,
+            interval: plan.opts.heartbeat_interval(),
+            lease: plan.opts.lease,
+            lost_at: None,
         });
     }
 
@@ -334,6 +373,7 @@ pub(crate) fn run(seed: u64, knobs: Knobs) -> Report {
                 violations: vec![format!("could not build the runtime: {e}")],
                 trace: Vec::new(),
                 outcomes: Outcomes::default(),
+                checked: BTreeMap::new(),
                 grants: 0,
                 busy: 0,
                 crashes: 0,
@@ -346,6 +386,7 @@ pub(crate) fn run(seed: u64, knobs: Knobs) -> Report {
 }
 
 async fn simulate(seed: u64, knobs: Knobs) -> Report {
+    let _planted = mutant::plant(knobs.mutant);
     let origin = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let keys = plan_keys(&mut rng, &knobs);
@@ -376,6 +417,10 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         trace: trace.clone(),
         mutation: knobs.mutation,
         sent: Mutex::default(),
+        faulted: Mutex::default(),
+        writes: Mutex::default(),
+        requests: Mutex::default(),
+        round_trip: faults.delay.max(Faults::CALM.delay) * 2 + Duration::from_millis(1),
     });
     let ctx = Ctx {
         net: net.clone(),
@@ -476,12 +521,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         *f = Faults::CALM;
     }
     ctx.note("faults stop".into());
-    tokio::spawn(stuck_watch(
-        ctx.clone(),
-        keys.clone(),
-        workers.len(),
-        background.clone(),
-    ));
+    tokio::spawn(stuck_watch(ctx.clone(), keys.clone(), background.clone()));
     let horizon = Instant::now() + Duration::from_secs(600);
     for (w, mut task) in workers.iter().zip(tasks) {
         let left = horizon.saturating_duration_since(Instant::now());
@@ -560,18 +600,20 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     let m = ctx.with(|m| {
         (
             std::mem::take(&mut m.violations),
+            std::mem::take(&mut m.checked),
             m.grants,
             m.busy,
             m.crashes,
             m.cancels,
         )
     });
-    let (violations, grants, busy, crashes, cancels) = m.unwrap_or_default();
+    let (violations, checked, grants, busy, crashes, cancels) = m.unwrap_or_default();
     Report {
         seed,
         violations,
         trace: trace.take(),
         outcomes,
+        checked,
         grants,
         busy,
         crashes,
@@ -672,6 +714,9 @@ async fn process(
     let locker = Locker::on(Arc::new(endpoint), "sim").with_clock(clock.clone());
     let who = plan.who.clone();
     let lease = key.opts.lease;
+    // Hold lengths beyond the first draw come from a generator of their own, so the schedules
+    // of the main generator (and the named ones) keep their shape.
+    let mut holds = StdRng::seed_from_u64(plan.seed ^ 0x401d);
     for cycle in first..plan.cycles {
         tokio::time::sleep(ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64)).await;
         if key.opts.clock_free() && rng.random_bool(0.2) {
@@ -700,7 +745,10 @@ async fn process(
                 Ok(r) => r,
                 Err(_) => {
                     ctx.note(format!("{who} cancels its acquisition after {after:?}"));
-                    ctx.with(|m| m.cancels += 1);
+                    ctx.with(|m| {
+                        m.cancels += 1;
+                        m.upset(&key.name);
+                    });
                     continue;
                 }
             }
@@ -711,14 +759,7 @@ async fn process(
                 if let Ok(g) = &r {
                     let wiped = ctx.wiped(&key.name);
                     ctx.with(|m| {
-                        m.grant(
-                            &who,
-                            &key.name,
-                            g.token(),
-                            g.owner(),
-                            g.lost_signal(),
-                            wiped,
-                        );
+                        m.grant(&who, key, g.token(), g.owner(), g.lost_signal(), wiped);
                     });
                 }
                 std::mem::forget(r);
@@ -726,6 +767,7 @@ async fn process(
             dead.store(true, Ordering::SeqCst);
             ctx.note(format!("{who} crashes while acquiring"));
             ctx.with(|m| {
+                m.upset(&key.name);
                 m.leave(&who);
                 m.crashed.insert(who.clone());
                 m.crashes += 1;
@@ -743,6 +785,16 @@ async fn process(
             r
         };
         let elapsed = Instant::now().saturating_duration_since(started);
+        let call = availability::Call {
+            who: &who,
+            key,
+            wait: opts.wait,
+            started,
+            granted: acquired.is_ok(),
+        };
+        if matches!(acquired, Ok(_) | Err(Error::Busy { .. })) {
+            availability::check_call(ctx, &call);
+        }
         let guard = match acquired {
             Ok(g) => g,
             Err(Error::Busy { .. }) => {
@@ -772,23 +824,20 @@ async fn process(
             key.name
         ));
         let wiped = ctx.wiped(&key.name);
-        ctx.with(|m| {
-            m.grant(
-                &who,
-                &key.name,
-                token,
-                guard.owner(),
-                guard.lost_signal(),
-                wiped,
-            )
-        });
+        ctx.with(|m| m.grant(&who, key, token, guard.owner(), guard.lost_signal(), wiped));
         let by_hand = ctx
             .with(|m| m.deleted_by_hand.contains(guard.owner()))
             .unwrap_or(false);
         if !by_hand {
             check_nothing_live_below(ctx, &who, &key.name, token);
         }
-        let steps = rng.random_range(0..=6);
+        let mut steps = rng.random_range(0..=6);
+        // A quarter of the holds outlast several leases (up to five more): a healthy holder
+        // must keep its lock through them.
+        if holds.random_bool(0.25) {
+            steps += holds.random_range(10..=25);
+        }
+        let held_from = Instant::now();
         for _ in 0..steps {
             tokio::time::sleep(lease / 5).await;
             ctx.with(|m| m.work(&who, &key.name));
@@ -798,6 +847,7 @@ async fn process(
                 dead.store(true, Ordering::SeqCst);
                 ctx.note(format!("{who} crashes holding {} token {token}", key.name));
                 ctx.with(|m| {
+                    m.upset(&key.name);
                     m.leave(&who);
                     m.crashed.insert(who.clone());
                     m.crashes += 1;
@@ -806,11 +856,13 @@ async fn process(
                 return Some(cycle);
             }
             1 => {
+                note_hold(ctx, &who, &guard, held_from, lease);
                 ctx.with(|m| m.leave(&who));
                 ctx.note(format!("{who} drops its guard"));
                 drop(guard);
             }
             _ => {
+                note_hold(ctx, &who, &guard, held_from, lease);
                 ctx.with(|m| m.leave(&who));
                 let outcome = guard.release().await;
                 ctx.note(format!("{who} released token {token}: {outcome:?}"));
@@ -824,6 +876,15 @@ async fn process(
     }
     locker.flush().await;
     None
+}
+
+/// Counts a hold that outlasted three leases with its lock (the no-spurious-loss check needs
+/// them: a defect that loses healthy locks after a lease shows only there).
+fn note_hold(ctx: &Ctx, who: &str, guard: &crate::LockGuard, from: Instant, lease: Duration) {
+    let long = Instant::now().saturating_duration_since(from) >= lease * 3;
+    if long && guard.lost_reason().is_none() && !ctx.net.faulted(who, from, Instant::now()) {
+        ctx.with(|m| m.applied("hold kept over 3+ leases, fault-free"));
+    }
 }
 
 /// FIFO: at a grant, no row below ours may still be live (its version sent less than its lease
@@ -896,20 +957,12 @@ fn sweep_once(ctx: &Ctx, grace: Duration, offset_ms: i64) {
     }
 }
 
-/// Every 20 ms: the version of each holder's row in the table must promise at least the lease
-/// its holder believes in (its version was sent no earlier than one lease before the holder's
-/// deadline). A lease rolled back by a late write breaks this at once, whether or not a waiter
-/// happens to exploit it.
-/// Guarantee 4 once faults stop: a key where someone waits forever and nobody live holds it
-/// must be granted within a bound, whatever dead rows are ahead: each is passed over within its
-/// lease (by the observer's clock in clock-free mode), the allowance and a poll or two. A queue
-/// that only the sweeper or TTL could free (they run here too, minutes apart) breaks it.
-async fn stuck_watch(
-    ctx: Ctx,
-    keys: Vec<KeyPlan>,
-    participants: usize,
-    stop: tokio_util::sync::CancellationToken,
-) {
+/// Guarantee 4 and progress once faults stop: a key where someone waits forever and nobody
+/// live holds it must be granted within [`availability::gap_bound`] of the gap's start (or of
+/// the key's last crash or cancellation): every dead entry is stale by then and two looks have
+/// passed it over. A queue that only the sweeper or TTL could free breaks it, and so does a
+/// waiter that looks too rarely.
+async fn stuck_watch(ctx: Ctx, keys: Vec<KeyPlan>, stop: tokio_util::sync::CancellationToken) {
     let mut since: BTreeMap<String, Instant> = BTreeMap::new();
     loop {
         tokio::select! {
@@ -919,33 +972,35 @@ async fn stuck_watch(
         }
         let now = Instant::now();
         for key in &keys {
-            let (waiting, held) = ctx
+            let (waiting, held, upset) = ctx
                 .with(|m| {
                     (
                         m.waiting.iter().any(|(k, _)| *k == key.name),
-                        m.believers(&key.name, "").next().is_some(),
+                        // Anyone who believes it holds, exempt from the exclusion checks or
+                        // not: an owner whose earlier entry an operator deleted may hold a
+                        // later one of its own by right (found in clock-free schedule 7001375).
+                        m.holders
+                            .iter()
+                            .any(|h| h.key == key.name && h.lost.reason().is_none()),
+                        m.upset_at.get(&key.name).copied(),
                     )
                 })
-                .unwrap_or((false, true));
+                .unwrap_or((false, true, None));
             if !waiting || held {
-                since.remove(&key.name);
+                if since.remove(&key.name).is_some() {
+                    ctx.with(|m| m.applied("progress (handoff gap)"));
+                }
                 continue;
             }
             let start = *since.entry(key.name.clone()).or_insert(now);
-            let allowance = match key.opts.clock_skew {
-                ClockSkew::Bounded(d) => d,
-                ClockSkew::Unbounded => Duration::ZERO,
-            };
-            let per_row = key.opts.lease * 65 / 64
-                + allowance
-                + key.opts.max_poll * 2
-                + ctx.attempt_timeout * 2;
-            let rows = u32::try_from(participants + 1).unwrap_or(u32::MAX);
-            let bound = per_row * rows + Duration::from_secs(5);
+            // A crash or a cancellation during the gap leaves a dead entry of its own: the gap
+            // counts from the last one.
+            let start = upset.map_or(start, |u| u.max(start));
+            let bound = availability::gap_bound(key, ctx.attempt_timeout);
             if now - start > bound {
                 ctx.violation(format!(
-                    "stuck: {} has a waiter and no live holder for {:?} after faults stopped \
-                     (bound {bound:?})",
+                    "progress: {} has a forever waiter and no live holder for {:?} after faults \
+                     stopped (bound {bound:?})",
                     key.name,
                     now - start
                 ));
@@ -955,6 +1010,10 @@ async fn stuck_watch(
     }
 }
 
+/// Every 20 ms: the version of each holder's row in the table must promise at least the lease
+/// its holder believes in (its version was sent no earlier than one lease before the holder's
+/// deadline). A lease rolled back by a late write breaks this at once, whether or not a waiter
+/// happens to exploit it. The availability checks of holders run at the same pace.
 async fn lease_watch(ctx: Ctx, stop: tokio_util::sync::CancellationToken) {
     loop {
         tokio::select! {
@@ -962,6 +1021,7 @@ async fn lease_watch(ctx: Ctx, stop: tokio_util::sync::CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
+        availability::check_holders(&ctx);
         let holders: Vec<(String, String, u64, Instant)> = ctx
             .with(|m| {
                 m.holders
@@ -1041,6 +1101,7 @@ async fn operator(
         }
         let key = &keys[rng.random_range(0..keys.len())];
         let now = Instant::now();
+        ctx.with(|m| m.operator_at.entry(key.clone()).or_default().push(now));
         let Ok(mut table) = ctx.net.table.lock() else {
             return;
         };

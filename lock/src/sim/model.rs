@@ -48,6 +48,9 @@ pub(crate) enum Mutation {
     /// Heartbeats are conditioned on `owner` only (defect 4): a delayed older heartbeat rolls a
     /// newer lease back.
     HeartbeatRollback,
+    /// Heartbeats upsert: a heartbeat that finds no entry writes one (its condition accepts a
+    /// missing owner), so a late heartbeat brings a released row back.
+    HeartbeatUpsert,
     /// A waiter's looks show every row's lease thirty leases longer than stored: waiters pass
     /// a dead row over that much later (a dead holder costing many leases). Only a waiter that
     /// waits forever is slowed; the check that sees it is the takeover bound.
@@ -93,6 +96,39 @@ pub(crate) struct Outcomes {
     pub token_replays: u64,
     pub ttl_deleted: u64,
     pub swept: u64,
+    /// Every kind of answer the table gave (see `net::kind`), counted.
+    pub kinds: BTreeMap<String, u64>,
+}
+
+impl Outcomes {
+    /// Counts one answer of `kind`.
+    pub(crate) fn count(&mut self, kind: &str) {
+        *self.kinds.entry(kind.to_owned()).or_default() += 1;
+    }
+
+    /// Adds another run's counts.
+    pub(crate) fn add(&mut self, o: &Outcomes) {
+        self.stale_deleted += o.stale_deleted;
+        self.stale_gone += o.stale_gone;
+        self.stale_revived += o.stale_revived;
+        self.heartbeat_superseded += o.heartbeat_superseded;
+        self.ticket_taken += o.ticket_taken;
+        self.token_replays += o.token_replays;
+        self.ttl_deleted += o.ttl_deleted;
+        self.swept += o.swept;
+        for (k, n) in &o.kinds {
+            *self.kinds.entry(k.clone()).or_default() += n;
+        }
+    }
+}
+
+/// A queue entry (row or seat) removed from the table, by anyone: its owner must learn it.
+#[derive(Debug, Clone)]
+pub(crate) struct Gone {
+    pub key: String,
+    pub owner: String,
+    pub ticket: u64,
+    pub at: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +148,8 @@ pub(crate) struct Table {
     origin: Instant,
     pub mutation: Option<Mutation>,
     pub removals: Vec<Removal>,
+    /// Every entry removed, by whoever removed it (its owner included).
+    pub gone: Vec<Gone>,
     pub outcomes: Outcomes,
     /// Keys whose partition became empty (no counter, no row): nothing remembers their tokens,
     /// which may start again from 1. Cleared by the checker.
@@ -165,6 +203,7 @@ impl Table {
             origin,
             mutation: None,
             removals: Vec::new(),
+            gone: Vec::new(),
             outcomes: Outcomes::default(),
             wiped: std::collections::BTreeSet::new(),
         }
@@ -206,6 +245,7 @@ impl Table {
     /// Removes an item; a queue row removed less than its lease after its last write is recorded.
     fn remove(&mut self, key: &str, sk: &str, now: Instant, by: Option<Remover>) -> Option<Item> {
         let stored = self.items.remove(&(key.to_owned(), sk.to_owned()))?;
+        self.record_gone(key, &stored.item, now);
         if self.partition(key).is_empty() {
             self.wiped.insert(key.to_owned());
         }
@@ -213,6 +253,20 @@ impl Table {
             self.record_removal(key, &stored.item, by, now);
         }
         Some(stored.item)
+    }
+
+    /// Records that the entry on `item` (a row, or a counter's seat), if any, is gone.
+    fn record_gone(&mut self, key: &str, item: &Item, now: Instant) {
+        if let (Some(owner), Some(ticket)) =
+            (string(item, schema::OWNER), num(item, schema::TICKET))
+        {
+            self.gone.push(Gone {
+                key: key.to_owned(),
+                owner: owner.to_owned(),
+                ticket: u64::try_from(ticket).unwrap_or(0),
+                at: now,
+            });
+        }
     }
 
     /// Records the removal of a queue entry (a row, or the seat on `item`) by `by`.
@@ -292,8 +346,28 @@ impl Table {
                     || current
                         .and_then(|i| num(i, schema::LEASE_UNTIL_MS))
                         .is_some_and(|u| u <= beat.lease_until_ms);
-                let Some(mut item) = current.cloned() else {
+                let upsert = || {
+                    let mut item = crate::storage::entry_key(&beat.key, beat.ticket, beat.seat);
+                    item.insert(schema::OWNER.into(), AttributeValue::S(beat.owner.clone()));
+                    item.insert(schema::TICKET.into(), schema::n(beat.ticket));
+                    item.insert(schema::LEASE_MS.into(), schema::n(1000));
+                    item
+                };
+                let item = match current.cloned() {
+                    Some(item) => Some(item),
+                    None if self.mutation == Some(Mutation::HeartbeatUpsert) && !beat.seat => {
+                        Some(upsert())
+                    }
+                    None => None,
+                };
+                let upserted = current.is_none();
+                let Some(mut item) = item else {
                     return Ok(Response::Renewal(Renewal::Gone));
+                };
+                let (owner_ok, lease_ok) = if upserted {
+                    (true, true)
+                } else {
+                    (owner_ok, lease_ok)
                 };
                 if !(owner_ok && lease_ok) {
                     let r = renewal_refused(Some(&item), &beat.owner);
@@ -329,10 +403,12 @@ impl Table {
                 owner,
             } => {
                 let sk = entry_sk(*ticket, *seat);
-                let ours = self
-                    .get(key, &sk)
-                    .and_then(|i| string(i, schema::OWNER))
-                    .is_some_and(|o| o == owner);
+                // The seat's release is conditioned on its ticket too (`store.rs`): the seat may
+                // hold a later entry of the same owner. A row's ticket is its sort key.
+                let ours = self.get(key, &sk).is_some_and(|i| {
+                    string(i, schema::OWNER) == Some(owner.as_str())
+                        && num(i, schema::TICKET) == i64::try_from(*ticket).ok()
+                });
                 if ours && *seat {
                     self.vacate(key, now, None);
                     Ok(Response::Owned(Owned::Yes))
@@ -501,6 +577,7 @@ impl Table {
         if let Some(by) = by {
             self.record_removal(key, &counter, by, now);
         }
+        self.record_gone(key, &counter, now);
         for name in schema::SEAT_ATTRIBUTES {
             counter.remove(name);
         }

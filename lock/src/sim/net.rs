@@ -66,6 +66,28 @@ pub(crate) struct Net {
     pub mutation: Option<Mutation>,
     /// When each record version was first sent (its writer's lease counts from about then).
     pub sent: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Per participant, the spans of its requests that met a fault (refused, conflict, answer
+    /// lost, timed out, slow, duplicated): the availability checks judge only fault-free spans.
+    pub faulted: Mutex<std::collections::HashMap<String, Vec<(Instant, Instant)>>>,
+    /// Every write that set a new version of an entry (enqueue, seat, heartbeat), as it landed.
+    pub writes: Mutex<Vec<Landed>>,
+    /// When each participant sent each of its requests.
+    pub requests: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
+    /// The longest round trip of a request that meets no fault: twice the one-way delay.
+    pub round_trip: Duration,
+}
+
+/// A write that set an entry's version.
+#[derive(Debug, Clone)]
+pub(crate) struct Landed {
+    pub key: String,
+    pub who: String,
+    /// The entry's owner id.
+    pub owner: String,
+    /// When its request was sent.
+    pub sent: Instant,
+    /// When the table applied it.
+    pub at: Instant,
 }
 
 impl fmt::Debug for Net {
@@ -90,16 +112,68 @@ impl Net {
         }
     }
 
+    /// How many requests `who` sent at or after `from`.
+    pub(crate) fn sent_since(&self, who: &str, from: Instant) -> usize {
+        self.requests.lock().map_or(0, |r| {
+            r.get(who)
+                .map_or(0, |sent| sent.iter().filter(|&&at| at >= from).count())
+        })
+    }
+
+    /// Whether a request of `who` met a fault at any moment of `[from, to]`.
+    pub(crate) fn faulted(&self, who: &str, from: Instant, to: Instant) -> bool {
+        self.faulted.lock().map_or(true, |f| {
+            f.get(who)
+                .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= to && b >= from))
+        })
+    }
+
+    fn fault(&self, who: &str, from: Instant, to: Instant) {
+        if let Ok(mut f) = self.faulted.lock() {
+            f.entry(who.to_owned()).or_default().push((from, to));
+        }
+    }
+
     /// Applies a request at the current instant.
-    fn apply(&self, who: &str, request: &Request) -> Result<Response, Failure> {
+    fn apply(&self, who: &str, request: &Request, sent: Instant) -> Result<Response, Failure> {
         let now = Instant::now();
         let result = match self.table.lock() {
-            Ok(mut t) => t.apply(request, now),
+            Ok(mut t) => {
+                let result = t.apply(request, now);
+                match &result {
+                    Ok(response) => t.outcomes.count(&kind(request, response)),
+                    Err(f) => t.outcomes.count(&format!(
+                        "{} failed: {}",
+                        request.operation(),
+                        f.describe().chars().take(40).collect::<String>()
+                    )),
+                }
+                result
+            }
             Err(_) => Err(Failure::Fatal(crate::Error::Dynamo {
                 operation: "model",
                 source: "the model's lock is poisoned".into(),
             })),
         };
+        let versioned = matches!(
+            result,
+            Ok(Response::Enqueue(Enqueue::Done | Enqueue::AlreadyOurs)
+                | Response::Renewal(crate::storage::Renewal::Renewed))
+        );
+        let entry = match request {
+            Request::Enqueue(e) => Some((&e.key, &e.owner)),
+            Request::Heartbeat(b) => Some((&b.key, &b.owner)),
+            _ => None,
+        };
+        if let (true, Some((key, owner)), Ok(mut w)) = (versioned, entry, self.writes.lock()) {
+            w.push(Landed {
+                key: key.clone(),
+                who: who.to_owned(),
+                owner: owner.clone(),
+                sent,
+                at: now,
+            });
+        }
         self.trace.line(format!(
             "{who} applied {} -> {}",
             describe(request),
@@ -157,8 +231,16 @@ impl Storage for Endpoint {
             let operation = request.operation();
             let go = net.delay(&faults);
             let back = net.delay(&faults);
+            let started = Instant::now();
+            if let Ok(mut r) = net.requests.lock() {
+                r.entry(ep.who.to_string()).or_default().push(started);
+            }
+            if go > faults.delay || back > faults.delay {
+                net.fault(&ep.who, started, started + go + back);
+            }
             if net.roll() < faults.refuse {
                 tokio::time::sleep(go).await;
+                net.fault(&ep.who, started, Instant::now());
                 let throttled = net.roll() < 0.5;
                 net.trace.line(format!(
                     "{} refused {} ({})",
@@ -170,6 +252,15 @@ impl Storage for Endpoint {
             }
             if matches!(request, Request::Enqueue(_)) && net.roll() < faults.conflict {
                 tokio::time::sleep(go).await;
+                net.fault(&ep.who, started, Instant::now());
+                if let Ok(mut t) = net.table.lock() {
+                    let seat = matches!(&request, Request::Enqueue(e) if e.seat);
+                    t.outcomes.count(if seat {
+                        "TakeSeat Conflict"
+                    } else {
+                        "Enqueue Conflict"
+                    });
+                }
                 net.trace
                     .line(format!("{} conflict on {}", ep.who, describe(&request)));
                 return Ok(Response::Enqueue(Enqueue::Conflict));
@@ -182,20 +273,23 @@ impl Storage for Endpoint {
                 && matches!(request, Request::Enqueue(_));
             let between = net.delay(&faults) + Duration::from_millis(1);
             let who = ep.who.clone();
+            if duplicate {
+                net.fault(&ep.who, started, started + go + again);
+            }
             // Delivery: independent of the caller, who may stop waiting.
             tokio::spawn(async move {
                 tokio::time::sleep(go).await;
                 let result = if two_writes {
-                    deliver_in_two_writes(&net, &who, &request, between).await
+                    deliver_in_two_writes(&net, &who, &request, between, started).await
                 } else {
-                    net.apply(&who, &request)
+                    net.apply(&who, &request, started)
                 };
                 let _ = tx.send(result);
                 if duplicate {
                     tokio::time::sleep(again).await;
                     net.trace
                         .line(format!("{who} duplicate of {}", describe(&request)));
-                    drop(net.apply(&who, &request));
+                    drop(net.apply(&who, &request, started));
                 }
             });
             let timeout = ep.net.attempt_timeout;
@@ -203,6 +297,7 @@ impl Storage for Endpoint {
                 Ok(Ok(result)) => {
                     tokio::time::sleep(back).await;
                     if lose {
+                        ep.net.fault(&ep.who, started, Instant::now());
                         ep.net.trace.line(format!("{} lost the answer", ep.who));
                         return Err(retry(operation, "answer lost by the network model", false));
                     }
@@ -210,6 +305,7 @@ impl Storage for Endpoint {
                 }
                 Ok(Err(_)) => Err(retry(operation, "delivery task ended", false)),
                 Err(_) => {
+                    ep.net.fault(&ep.who, started, Instant::now());
                     ep.net.trace.line(format!("{} timed out", ep.who));
                     Err(retry(operation, "attempt timeout", false))
                 }
@@ -224,12 +320,13 @@ async fn deliver_in_two_writes(
     who: &str,
     request: &Request,
     between: Duration,
+    sent: Instant,
 ) -> Result<Response, Failure> {
     let Request::Enqueue(r) = request else {
-        return net.apply(who, request);
+        return net.apply(who, request, sent);
     };
     if r.seat {
-        return net.apply(who, request); // one write already
+        return net.apply(who, request, sent); // one write already
     }
     let first = match net.table.lock() {
         Ok(mut t) => t.take_ticket(r, Instant::now()),
@@ -303,6 +400,30 @@ pub(crate) fn describe(r: &Request) -> String {
         ),
         Request::CreateCounter { key, last, .. } => format!("CreateCounter({key} at {last})"),
     }
+}
+
+/// The kind of outcome a request met, for the coverage table: the request (`seat` for the
+/// counter's seat) and its answer, without values.
+fn kind(request: &Request, response: &Response) -> String {
+    let (seat, what) = match request {
+        Request::Query { .. } => (false, "Query"),
+        Request::Enqueue(e) if e.seat => (false, "TakeSeat"),
+        Request::Enqueue(_) => (false, "Enqueue"),
+        Request::DeleteStale { seat, .. } => (*seat, "DeleteStale"),
+        Request::Heartbeat(b) => (b.seat, "Heartbeat"),
+        Request::CreateCounter { .. } => (false, "CreateCounter"),
+        Request::DeleteOwned { seat, .. } => (*seat, "DeleteOwned"),
+    };
+    let answer = match response {
+        Response::Page { .. } => "page".to_owned(),
+        Response::Enqueue(Enqueue::CounterAt(_)) => "CounterAt".to_owned(),
+        Response::Enqueue(e) => format!("{e:?}"),
+        Response::StaleDelete(o) => format!("{o:?}"),
+        Response::Renewal(o) => format!("{o:?}"),
+        Response::Owned(o) => format!("{o:?}"),
+        Response::Created(c) => format!("{c}"),
+    };
+    format!("{}{what} {answer}", if seat { "seat " } else { "" })
 }
 
 fn describe_response(r: &Response) -> String {

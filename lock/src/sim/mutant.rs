@@ -1,0 +1,70 @@
+//! Deliberate defects in the protocol code itself (not in the model), each behind a test-only
+//! switch, so the mutation suite can show that a check sees what it claims to.
+//!
+//! A switch is set for one thread: a simulated run drives every task of the protocol on one
+//! current-thread runtime (the thread that calls [`super::run`]), and the differential test runs
+//! on its own `#[tokio::test]` thread, so schedules of the real protocol that other tests run in
+//! parallel never see another test's defect. Outside `cfg(test)` none of this is compiled.
+
+use std::cell::Cell;
+
+/// A defect planted in the protocol's code (`heartbeat.rs`, `locker.rs`, `liveness.rs`,
+/// `store.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mutant {
+    /// The heartbeat's schedule: each renewal is sent a whole lease after the last one instead
+    /// of one interval, so a healthy holder loses its lock after a lease.
+    HeartbeatEveryLease,
+    /// The wait deadline: a waiter with a deadline looks every `max_poll` and its last pause is
+    /// not cut at the deadline, so a `wait = d` answers up to a `max_poll` late.
+    WaitOvershoots,
+    /// The clock-free observer: a row is "seen alive" as soon as it has been seen at all, so a
+    /// clock-free `wait = 0` says busy at first sight of a dead holder.
+    BusyAtFirstSight,
+    /// The skip decision: `wait = 0` treats every row ahead as live, without passing a stale one
+    /// over, in either mode.
+    SkipTrustsEveryRow,
+    /// The lost-signal path: a heartbeat that finds the row gone keeps retrying until the lease
+    /// runs out, instead of reporting the loss.
+    GoneRetriedUntilLease,
+    /// A waiter's pace: every pause between looks is twenty times as long (the deadline still
+    /// cuts it), so handoffs to waiters of other processes are slow.
+    LazyLooks,
+    /// FIFO: rows ahead that have not been granted yet (no `acquiredAtMs`, not the seat) are
+    /// not waited for, so a waiter passes the waiters ahead of it.
+    WaitersAheadIgnored,
+    /// Self-cleaning: a cancelled acquisition forgets the entries its requests may have written,
+    /// and a dropped guard its row, instead of removing them.
+    AbandonLeavesRows,
+    /// `store.rs`: a heartbeat's `UpdateItem` is conditioned on the owner alone, not on the
+    /// stored lease (the differential test sees it; the simulation runs the model's conditions).
+    StoreHeartbeatOwnerOnly,
+    /// `store.rs`: the release of a seat is conditioned on nothing but the seat being taken.
+    StoreVacateAnyOwner,
+    /// `store.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
+    StoreStaleDeleteUnconditional,
+}
+
+thread_local! {
+    static ACTIVE: Cell<Option<Mutant>> = const { Cell::new(None) };
+}
+
+/// Whether `mutant` is planted on this thread.
+pub(crate) fn on(mutant: Mutant) -> bool {
+    ACTIVE.with(|a| a.get() == Some(mutant))
+}
+
+/// Plants `mutant` on this thread until the returned guard is dropped.
+pub(crate) fn plant(mutant: Option<Mutant>) -> Planted {
+    let before = ACTIVE.with(|a| a.replace(mutant));
+    Planted(before)
+}
+
+/// Restores the previous switch when dropped.
+pub(crate) struct Planted(Option<Mutant>);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.set(self.0));
+    }
+}

@@ -1,0 +1,117 @@
+//! The mutation suite: every guarantee and every availability check must catch a deliberately
+//! broken protocol within a bounded number of schedules, by the check meant to see it. A mutation
+//! that survives fails its test. The defects sit where a real change could break: the heartbeat's
+//! schedule, the wait deadline, the skip decision, the clock-free observer, the lost-signal path,
+//! the waiters' pace, the abandonment of a cancelled enqueue (see [`super::mutant`]), and the
+//! model's conditions (see [`super::model::Mutation`]). `store.rs`'s own conditions are caught by
+//! the differential test (`differential.rs`), since the simulation runs the model's.
+
+use super::model::Mutation;
+use super::mutant::Mutant;
+use super::tests::caught_by;
+use super::Knobs;
+
+fn mutant(m: Mutant) -> Knobs {
+    Knobs {
+        mutant: Some(m),
+        ..Knobs::default()
+    }
+}
+
+#[test]
+fn a_heartbeat_sent_every_lease_is_a_spurious_loss() {
+    caught_by(
+        "heartbeat every lease",
+        mutant(Mutant::HeartbeatEveryLease),
+        200,
+        &["spurious loss"],
+    );
+}
+
+#[test]
+fn a_wait_that_overshoots_its_deadline_is_caught() {
+    caught_by(
+        "wait overshoots its deadline",
+        mutant(Mutant::WaitOvershoots),
+        1000,
+        &["tight wait"],
+    );
+}
+
+#[test]
+fn a_skip_that_trusts_every_row_misses_the_takeover() {
+    caught_by(
+        "wait = 0 trusts dead rows",
+        mutant(Mutant::SkipTrustsEveryRow),
+        1000,
+        &["takeover"],
+    );
+}
+
+#[test]
+fn a_clock_free_skip_busy_at_first_sight_misses_the_takeover() {
+    let knobs = Knobs {
+        mutant: Some(Mutant::BusyAtFirstSight),
+        all_clock_free: true,
+        ..Knobs::default()
+    };
+    caught_by("clock-free busy at first sight", knobs, 1000, &["takeover"]);
+}
+
+#[test]
+fn a_missing_row_retried_until_the_lease_is_a_late_loss_notice() {
+    caught_by(
+        "gone retried until the lease",
+        mutant(Mutant::GoneRetriedUntilLease),
+        1000,
+        &["late loss notice"],
+    );
+}
+
+#[test]
+fn waiters_that_look_rarely_break_progress() {
+    caught_by("lazy looks", mutant(Mutant::LazyLooks), 1000, &["progress"]);
+}
+
+#[test]
+fn a_dead_row_passed_over_many_leases_late_breaks_progress() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::SlowTakeover),
+        ..Knobs::default()
+    };
+    caught_by(
+        "dead rows passed over thirty leases late",
+        knobs,
+        1000,
+        &["progress"],
+    );
+}
+
+#[test]
+fn passing_waiters_ahead_breaks_fifo() {
+    caught_by(
+        "waiters ahead ignored",
+        mutant(Mutant::WaitersAheadIgnored),
+        300,
+        &["FIFO", "mutual exclusion"],
+    );
+}
+
+#[test]
+fn a_cancelled_enqueue_that_forgets_its_rows_breaks_self_cleaning() {
+    caught_by(
+        "abandoned rows left",
+        mutant(Mutant::AbandonLeavesRows),
+        1000,
+        &["self-cleaning"],
+    );
+}
+
+#[test]
+fn a_heartbeat_that_recreates_a_released_row_is_caught() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::HeartbeatUpsert),
+        ..Knobs::default()
+    };
+    caught_by("heartbeat upserts", knobs, 1000, &[]);
+}
