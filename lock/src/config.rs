@@ -294,15 +294,10 @@ impl Config {
             }
         };
         let switch = |name: &str| -> Result<bool, ConfigError> {
-            match get(name).map(|v| v.to_ascii_lowercase()).as_deref() {
-                None | Some("on" | "true" | "1" | "yes") => Ok(true),
-                Some("off" | "false" | "0" | "no") => Ok(false),
-                Some(_) => Err(err(
-                    name,
-                    get(name).as_deref().unwrap_or_default(),
-                    "not a switch",
-                    "on, off (also true/false, 1/0, yes/no)",
-                )),
+            match get(name) {
+                None => Ok(true),
+                Some(v) => crate::options::parse_switch(&v)
+                    .map_err(|_| err(name, &v, "not a switch", crate::options::SWITCH_FORMS)),
             }
         };
         let metrics = switch(METRICS)?;

@@ -83,7 +83,7 @@ pub use error::{Error, HeldBy};
 pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
 pub use locker::Locker;
-pub use options::{parse_duration, ClockSkew, LockOptions, Wait};
+pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
 pub use queue::{EntryState, QueueEntry};
 pub use schema::HolderInfo;
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};
