@@ -12,6 +12,9 @@
 //! scripts/dynamodb-local run -- cargo test -p flightlock-e2e
 //! ```
 //!
+//! The tests are one test binary, `tests/e2e/main.rs`, with a module per group; a filter runs one
+//! group (`cargo test -p flightlock-e2e --test e2e platform_modes::`).
+//!
 //! Each [`Env`] runs in a private mount namespace and PID namespace (`unshare --mount --pid
 //! --fork --mount-proc --kill-child`, as root): its `/opt` is a bind mount of a temporary
 //! directory laid out like the layer, and dropping the `Env` kills the whole namespace (RIE,

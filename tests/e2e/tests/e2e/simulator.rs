@@ -17,8 +17,6 @@
 //!   under that freeze a release can be stopped halfway: freeze stays off here, and the freeze
 //!   rule is tested on our platform double (`platform_modes.rs`), which follows AWS's wording.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::process::Stdio;
 use std::time::Duration;
 

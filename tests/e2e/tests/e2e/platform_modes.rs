@@ -2,8 +2,6 @@
 //! double (tests/e2e/src/platform): the real extension binary, a bash + curl runtime started
 //! through the layer's wrapper, DynamoDB Local.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::time::Duration;
 
 use flightlock_e2e::platform::{Mode, Options, Outcome, Platform};

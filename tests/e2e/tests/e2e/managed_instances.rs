@@ -4,8 +4,6 @@
 //! telemetry schemas) and sends no INVOKE events. Runtime *processes* (wrapped bash + curl
 //! runtimes, crash release, unenforced detection) are in `managed_instances_processes.rs`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::time::Duration;
 
 use flightlock_e2e::platform::{Mode, Options, Outcome, Platform};
