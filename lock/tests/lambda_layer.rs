@@ -45,12 +45,9 @@ impl Default for Probe {
 
 /// A fresh table and a layer configured by `vars` (plus the table).
 async fn layer(name: &str, vars: &[(&str, &str)]) -> (FlightlockLayer, Locker, String) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let client = flightlock_testkit::client(&endpoint).await;
-    let table = flightlock_testkit::unique_table(name);
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable {
+        endpoint, table, ..
+    } = flightlock_testkit::fresh_table(name).await;
     let mut env: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

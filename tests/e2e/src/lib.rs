@@ -30,7 +30,7 @@
 // Test support: panicking with a clear message is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod platform;
+pub use flightlock_testkit::platform;
 mod rounds;
 pub mod sandbox;
 
@@ -96,13 +96,8 @@ pub use flightlock_testkit::free_port;
 
 /// A fresh lock table on DynamoDB Local; returns (endpoint, table).
 pub async fn table(prefix: &str) -> (String, String) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let table = flightlock_testkit::unique_table(prefix);
-    let client = flightlock_testkit::client(&endpoint).await;
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
-    (endpoint, table)
+    let fresh = flightlock_testkit::fresh_table(prefix).await;
+    (fresh.endpoint, fresh.table)
 }
 
 /// What runs as the function.

@@ -1,5 +1,5 @@
 //! The standard mode, SnapStart, tenant isolation and refused registrations on the platform
-//! double (tests/e2e/src/platform): the real extension binary, a bash + curl runtime started
+//! double (tests/testkit/src/platform): the real extension binary, a bash + curl runtime started
 //! through the layer's wrapper, DynamoDB Local.
 
 use std::time::Duration;
