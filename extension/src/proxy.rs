@@ -119,15 +119,9 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy forwarding to `upstream` (`host:port`).
-    pub fn new(
-        config: Arc<Config>,
-        locker: Locker,
-        invocations: Arc<Invocations>,
-        metrics: Metrics,
-        upstream: String,
-        host: String,
-    ) -> Proxy {
+    /// A proxy forwarding to `upstream` (`host:port`), deciding invocations with `gate` (its
+    /// configuration, locker and metrics are the proxy's).
+    pub fn new(gate: Gate, invocations: Arc<Invocations>, upstream: String) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         // Header names keep their case both ways (hyper records it in the message extensions),
@@ -136,12 +130,11 @@ impl Proxy {
             .http1_preserve_header_case(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics.clone());
         gate.check_table_in_background();
         Proxy {
-            config,
+            config: gate.shared_config(),
+            metrics: gate.metrics().clone(),
             gate: std::sync::RwLock::new(gate),
-            metrics,
             invocations,
             client,
             upstream,

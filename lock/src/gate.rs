@@ -21,8 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
 
 use crate::config::{
-    error_body, redact_aws_ids, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, DEADLINE_MARGIN,
-    KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
+    redact_aws_ids, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, DEADLINE_MARGIN, KEY_ERROR_TYPE,
+    LOCK_ERROR_TYPE,
 };
 use crate::{Error, HolderInfo, LockGuard, Locker, ReleaseOutcome};
 
@@ -203,13 +203,14 @@ pub enum Outcome {
     Acquired(Held),
     /// Key busy, policy `skip`: answer the invocation with this success body.
     Skipped(serde_json::Value),
-    /// Answer the invocation with an error of `error_type` and this body (`errorType`,
-    /// `errorMessage`).
+    /// Answer the invocation with an error: the Runtime API's error body
+    /// ([`crate::config::error_body`]) in the extension, a `Diagnostic` of the same two fields
+    /// in the in-process layer.
     Failed {
         /// `FlightlockBusy`, `FlightlockKeyError` or `FlightlockLockError`.
         error_type: &'static str,
-        /// The error body.
-        body: serde_json::Value,
+        /// What happened and what to do, AWS ids redacted.
+        message: String,
     },
 }
 
@@ -250,15 +251,14 @@ impl Gate {
         }
     }
 
-    /// Replaces the metrics sink.
-    pub fn with_metrics(mut self, metrics: Metrics) -> Gate {
-        self.metrics = metrics;
-        self
-    }
-
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The configuration, shared (for an adapter that keeps it beside the gate).
+    pub fn shared_config(&self) -> Arc<Config> {
+        self.config.clone()
     }
 
     /// The locker.
@@ -471,7 +471,7 @@ pub fn host_id() -> String {
 fn failed(error_type: &'static str, message: &str) -> Outcome {
     Outcome::Failed {
         error_type,
-        body: error_body(error_type, message),
+        message: message.to_owned(),
     }
 }
 

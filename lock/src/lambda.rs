@@ -215,10 +215,10 @@ where
                         result.map(Gated::Ran)
                     }
                     Outcome::Skipped(body) => Ok(Gated::Skipped(body)),
-                    Outcome::Failed { error_type, body } => Err(diagnostic(
+                    Outcome::Failed {
                         error_type,
-                        body["errorMessage"].as_str().unwrap_or_default(),
-                    )),
+                        message,
+                    } => Err(diagnostic(error_type, &message)),
                 }
             }
             .instrument(span),

@@ -29,7 +29,11 @@ impl Proxy {
                 slot.mark_done();
                 false
             }
-            Outcome::Failed { error_type, body } => {
+            Outcome::Failed {
+                error_type,
+                message,
+            } => {
+                let body = flightlock::config::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 slot.mark_done();
                 false
