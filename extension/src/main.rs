@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightlock::config::{self, Config};
-use flightlock::gate::Gate;
+use flightlock::lambda::config::{self, Config};
+use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use flightlock_extension::extensions_api::{ApiError, ExtensionsApi};
 use flightlock_extension::invocations::{Invocations, FORGET_AFTER};

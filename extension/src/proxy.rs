@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::config::{error_body, Config, EVENT_ERROR_TYPE};
-use flightlock::gate::Gate;
+use flightlock::lambda::config::{error_body, Config, EVENT_ERROR_TYPE};
+use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -60,7 +60,7 @@ use crate::runtime_process::{self, Proc};
 mod gate;
 mod next;
 
-pub use flightlock::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+pub use flightlock::lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 pub use next::usable_request_id;
 use next::Fetched;
 
@@ -207,7 +207,7 @@ impl Proxy {
     /// connections) and a new host id (see the module docs). Invocations already holding a lock
     /// keep theirs; there are none at a restore, which comes before the first invocation.
     pub fn renew_after_restore(&self) {
-        let host = flightlock::gate::host_id();
+        let host = flightlock::lambda::gate::host_id();
         let mut gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
         *gate = gate.renewed(host.clone());
         tracing::info!(%host, "restored from a snapshot: new DynamoDB client and host id");

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::config::Config;
-use flightlock::gate::Gate;
+use flightlock::lambda::config::Config;
+use flightlock::lambda::gate::Gate;
 use flightlock::{ClockSkew, Locker};
 use flightlock_extension::invocations::Invocations;
 use flightlock_extension::proxy::Proxy;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightlock::config::Config;
-use flightlock::gate::Gate;
+use flightlock::lambda::config::Config;
+use flightlock::lambda::gate::Gate;
 use flightlock_extension::invocations::Invocations;
 use flightlock_extension::proxy::{Limits, Proxy};
 use http_body_util::{BodyExt, Full};

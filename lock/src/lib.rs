@@ -58,12 +58,9 @@
 //! 6. **Safe release**: the heartbeat stops first; a late heartbeat cannot bring a row back.
 
 pub mod clock;
-pub mod config;
 pub mod error;
-pub mod gate;
 mod guard;
 mod heartbeat;
-#[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod liveness;
 mod locker;

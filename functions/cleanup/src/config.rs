@@ -76,7 +76,9 @@ impl Config {
     pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
         let mut unknown: Vec<&String> = env
             .keys()
-            .filter(|k| k.starts_with(flightlock::config::PREFIX) && !KNOWN.contains(&k.as_str()))
+            .filter(|k| {
+                k.starts_with(flightlock::lambda::config::PREFIX) && !KNOWN.contains(&k.as_str())
+            })
             .collect();
         unknown.sort();
         if let Some(name) = unknown.first() {

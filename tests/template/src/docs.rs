@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 
-use flightlock::config::{self, Config};
+use flightlock::lambda::config::{self, Config};
 use flightlock::{ClockSkew, Wait};
 use flightlock_cleanup::config as cleanup_config;
 

@@ -1,9 +1,9 @@
 //! The in-process path for Rust Lambda functions (cargo feature `lambda`): a tower layer around
 //! a `lambda_runtime` handler with the extension's semantics — acquire before the handler runs
 //! (within `min(wait, deadline - margin)`), heartbeat while it runs (never past the deadline plus
-//! [`LEASE_CAP_GRACE`](crate::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
+//! [`LEASE_CAP_GRACE`](crate::lambda::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
 //! key skip (`{"flightlock":{"skipped":true,...}}`) or fail with `FlightlockBusy`. It reads the
-//! same `FLIGHTLOCK_*` variables as the extension ([`crate::config`]) and decides through the
+//! same `FLIGHTLOCK_*` variables as the extension ([`crate::lambda::config`]) and decides through the
 //! same [`Gate`] (same deadline bounds, logs and EMF metrics); `FLIGHTLOCK_PROXY_PORT`,
 //! `FLIGHTLOCK_UPSTREAM` and `FLIGHTLOCK_WRAPPER_CHECK` concern the extension only.
 //!
@@ -54,8 +54,8 @@ use lambda_runtime::{BoxFuture, Diagnostic, LambdaEvent, SnapStartResource};
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::config::{Config, ConfigError, KEY_ERROR_TYPE};
-use crate::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use crate::lambda::config::{Config, ConfigError, KEY_ERROR_TYPE};
+use crate::lambda::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::Locker;
 
 /// What the wrapped handler answers: its own response, or the skip body.
@@ -229,7 +229,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::skipped_body;
+    use crate::lambda::config::skipped_body;
 
     #[test]
     fn gated_serializes_transparently() {
