@@ -70,8 +70,8 @@ pub fn register_request(name: &str, events: &[&str]) -> Result<Request<Full<Byte
 }
 
 /// `POST init/error` with `message`: `lambda_extension`'s own request (path, id and error-type
-/// headers, an `errorMessage`/`errorType`/`stackTrace` body), its in-memory body collected into
-/// this client's body type (no I/O).
+/// headers, an `errorMessage`/`errorType`/`stackTrace` body) with the JSON content type added,
+/// its in-memory body collected into this client's body type (no I/O).
 pub async fn init_error_request(
     id: &str,
     error_type: &str,
@@ -82,7 +82,11 @@ pub async fn init_error_request(
         error_type,
         stack_trace: Vec::new(),
     };
-    let (parts, body) = requests::init_error(id, error_type, Some(error))?.into_parts();
+    let (mut parts, body) = requests::init_error(id, error_type, Some(error))?.into_parts();
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     let body = body.collect().await?.to_bytes();
     Ok(Request::from_parts(parts, Full::new(body)))
 }
@@ -253,6 +257,7 @@ mod tests {
         assert_eq!(r.uri(), INIT_ERROR_PATH);
         assert_eq!(r.headers()[ID_HEADER], "id-1");
         assert_eq!(r.headers()[ERROR_TYPE_HEADER], "Extension.ConfigInvalid");
+        assert_eq!(r.headers()[http::header::CONTENT_TYPE], "application/json");
         let body: serde_json::Value =
             serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
         assert_eq!(
