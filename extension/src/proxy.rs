@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::lambda::config::{error_body, Config, EVENT_ERROR_TYPE};
+use flightlock::lambda::body::{error_body, EVENT_ERROR_TYPE};
+use flightlock::lambda::config::Config;
 use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};

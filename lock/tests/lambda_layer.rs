@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::lambda::config::{Config, BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
+use flightlock::lambda::body::{BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
+use flightlock::lambda::config::Config;
 use flightlock::lambda::{FlightlockLayer, Gated};
 use flightlock::{ClockSkew, Locker};
 use lambda_runtime::tower::{ServiceBuilder, ServiceExt};

@@ -33,7 +33,7 @@ impl Proxy {
                 error_type,
                 message,
             } => {
-                let body = flightlock::lambda::config::error_body(error_type, &message);
+                let body = flightlock::lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 slot.mark_done();
                 false

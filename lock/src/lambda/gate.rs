@@ -19,11 +19,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::Instrument;
 
+use super::body::{redact_aws_ids, skipped_body, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE};
+use super::config::{Config, OnBusy, DEADLINE_MARGIN};
 use super::metrics::{Metric, Metrics};
-use crate::lambda::config::{
-    redact_aws_ids, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, DEADLINE_MARGIN, KEY_ERROR_TYPE,
-    LOCK_ERROR_TYPE,
-};
 use crate::{Error, HolderInfo, LockGuard, Locker, ReleaseOutcome};
 
 /// Connect timeout for the DynamoDB client of a gate (a regional endpoint answers in ms).
@@ -84,7 +82,7 @@ pub enum Outcome {
     /// Key busy, policy `skip`: answer the invocation with this success body.
     Skipped(serde_json::Value),
     /// Answer the invocation with an error: the Runtime API's error body
-    /// ([`crate::lambda::config::error_body`]) in the extension, a `Diagnostic` of the same two fields
+    /// ([`super::body::error_body`]) in the extension, a `Diagnostic` of the same two fields
     /// in the in-process layer.
     Failed {
         /// `FlightlockBusy`, `FlightlockKeyError` or `FlightlockLockError`.

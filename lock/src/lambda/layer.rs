@@ -54,7 +54,8 @@ use lambda_runtime::{BoxFuture, Diagnostic, LambdaEvent, SnapStartResource};
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::lambda::config::{Config, ConfigError, KEY_ERROR_TYPE};
+use crate::lambda::body::KEY_ERROR_TYPE;
+use crate::lambda::config::{Config, ConfigError};
 use crate::lambda::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::Locker;
 
@@ -229,7 +230,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lambda::config::skipped_body;
+    use crate::lambda::body::skipped_body;
 
     #[test]
     fn gated_serializes_transparently() {

@@ -2,7 +2,8 @@
 //! in-process tower layer) share, and the layer itself.
 //!
 //! - [`config`]: the `FLIGHTLOCK_*` variables, parsed from an injected map, the key templates
-//!   (`config::KeyTemplate`), the Lambda error types and the skip / error bodies.
+//!   (`config::KeyTemplate`).
+//! - [`body`]: the error types and the error / skip bodies an invocation is answered with.
 //! - [`gate`]: one decision per invocation (key, lock, skip or error, release) within the
 //!   invocation's deadline.
 //! - [`metrics`]: the EMF lines the gate and the extension print.
@@ -10,6 +11,7 @@
 //!   handler. Everything else builds without the feature: the extension uses it without
 //!   `lambda_runtime`.
 
+pub mod body;
 pub mod config;
 pub mod gate;
 #[cfg(feature = "lambda")]
