@@ -195,12 +195,10 @@ async fn main() {
     .map(|p| root.join(p))
     .find(|p| p.is_file())
     .expect("no release build of the extension: run `make layer-x86_64` or `cargo build --release -p flightlock-extension` first");
-    let endpoint = flightlock_testkit::require_endpoint();
-    let table = flightlock_testkit::unique_table("bench_ext");
-    eprintln!("bench: creating table {table}");
-    flightlock::table::create_table(&flightlock_testkit::client(&endpoint).await, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable {
+        endpoint, table, ..
+    } = flightlock_testkit::fresh_table("bench_ext").await;
+    eprintln!("bench: created table {table}");
 
     let state = Arc::new(Api::default());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

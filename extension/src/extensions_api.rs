@@ -4,7 +4,9 @@
 //! where we choose (`lambda_extension` binds 0.0.0.0 and drops the error body).
 //!
 //! Requests are built by pure functions (paths and headers as constants, as in
-//! `lambda-extension`'s `requests.rs`); [`ExtensionsApi`] only sends them.
+//! `lambda-extension`'s `requests.rs`); [`ExtensionsApi`] only sends them. The init error is
+//! `lambda_extension::requests::init_error` itself; that crate's register, next and subscribe
+//! builders are crate-private, hence ours.
 
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use lambda_extension::requests::{self, ErrorRequest};
 use lambda_extension::NextEvent;
 
 use crate::body::BoxError;
@@ -66,22 +69,26 @@ pub fn register_request(name: &str, events: &[&str]) -> Result<Request<Full<Byte
         )))
 }
 
-/// `POST init/error` with `message` (pure).
-pub fn init_error_request(
+/// `POST init/error` with `message`: `lambda_extension`'s own request (path, id and error-type
+/// headers, an `errorMessage`/`errorType`/`stackTrace` body) with the JSON content type added,
+/// its in-memory body collected into this client's body type (no I/O).
+pub async fn init_error_request(
     id: &str,
     error_type: &str,
     message: &str,
-) -> Result<Request<Full<Bytes>>, http::Error> {
-    let body = serde_json::json!({
-        "errorMessage": message,
-        "errorType": error_type,
-        "stackTrace": [],
-    });
-    Request::post(INIT_ERROR_PATH)
-        .header(ID_HEADER, id)
-        .header(ERROR_TYPE_HEADER, error_type)
-        .header("Content-Type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+) -> Result<Request<Full<Bytes>>, BoxError> {
+    let error = ErrorRequest {
+        error_message: message,
+        error_type,
+        stack_trace: Vec::new(),
+    };
+    let (mut parts, body) = requests::init_error(id, error_type, Some(error))?.into_parts();
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let body = body.collect().await?.to_bytes();
+    Ok(Request::from_parts(parts, Full::new(body)))
 }
 
 /// `PUT telemetry` with a subscription body (pure).
@@ -201,8 +208,10 @@ impl ExtensionsApi {
         message: &str,
     ) -> Result<(), ApiError> {
         let what = "init/error";
-        let req = init_error_request(id, error_type, message);
-        let (status, _, body) = self.call(what, req, Some(CALL_TIMEOUT)).await?;
+        let req = init_error_request(id, error_type, message)
+            .await
+            .map_err(|source| ApiError::Transport { what, source })?;
+        let (status, _, body) = self.call(what, Ok(req), Some(CALL_TIMEOUT)).await?;
         if !status.is_success() {
             return Err(Self::refused(what, status, &body));
         }
@@ -235,16 +244,30 @@ mod tests {
     use super::*;
     use http::Method;
 
-    #[test]
-    fn requests_carry_the_documented_paths_and_headers() {
+    #[tokio::test]
+    async fn requests_carry_the_documented_paths_and_headers() {
         let r = register_request("flightlock", &["SHUTDOWN"]).unwrap();
         assert_eq!(r.method(), Method::POST);
         assert_eq!(r.uri(), REGISTER_PATH);
         assert_eq!(r.headers()[NAME_HEADER], "flightlock");
-        let r = init_error_request("id-1", "Extension.ConfigInvalid", "bad").unwrap();
+        let r = init_error_request("id-1", "Extension.ConfigInvalid", "bad")
+            .await
+            .unwrap();
+        assert_eq!(r.method(), Method::POST);
         assert_eq!(r.uri(), INIT_ERROR_PATH);
         assert_eq!(r.headers()[ID_HEADER], "id-1");
         assert_eq!(r.headers()[ERROR_TYPE_HEADER], "Extension.ConfigInvalid");
+        assert_eq!(r.headers()[http::header::CONTENT_TYPE], "application/json");
+        let body: serde_json::Value =
+            serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "errorMessage": "bad",
+                "errorType": "Extension.ConfigInvalid",
+                "stackTrace": [],
+            })
+        );
         let r = subscribe_request("id-1", &serde_json::json!({})).unwrap();
         assert_eq!(r.method(), Method::PUT);
         assert_eq!(r.uri(), TELEMETRY_PATH);

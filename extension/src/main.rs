@@ -7,12 +7,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightlock::config::{self, Config};
+use flightlock::lambda::config::{self, Config};
+use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use flightlock_extension::extensions_api::{ApiError, ExtensionsApi};
 use flightlock_extension::invocations::{Invocations, FORGET_AFTER};
 use flightlock_extension::lifecycle;
-use flightlock_extension::metrics::Metrics;
 use flightlock_extension::mode::{self, Mode};
 use flightlock_extension::proxy::{self, Proxy};
 use flightlock_extension::{telemetry, wrapper_check};
@@ -154,7 +154,6 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
             return Err(msg.into());
         }
     };
-    let function = config.function_name.clone().unwrap_or_default();
     // On Managed Instances finished invocations are not collected by INVOKE watches: keep them
     // only as long as a late `platform.start` (buffered at most 30 s) may still ask about them.
     let invocations = match mode {
@@ -163,12 +162,9 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     };
     let proxy = Arc::new(
         Proxy::new(
-            config.clone(),
-            locker,
+            Gate::new(config.clone(), locker, host_name()),
             Arc::new(invocations),
-            Metrics::new(config.metrics, function),
             upstream,
-            host_name(),
         )
         .with_mode(mode)
         .with_limits(proxy::Limits {

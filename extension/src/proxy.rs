@@ -31,8 +31,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::config::{error_body, Config, EVENT_ERROR_TYPE};
-use flightlock::gate::Gate;
+use flightlock::lambda::body::{error_body, EVENT_ERROR_TYPE};
+use flightlock::lambda::config::Config;
+use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -60,7 +61,7 @@ use crate::runtime_process::{self, Proc};
 mod gate;
 mod next;
 
-pub use flightlock::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+pub use flightlock::lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 pub use next::usable_request_id;
 use next::Fetched;
 
@@ -119,15 +120,9 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy forwarding to `upstream` (`host:port`).
-    pub fn new(
-        config: Arc<Config>,
-        locker: Locker,
-        invocations: Arc<Invocations>,
-        metrics: Metrics,
-        upstream: String,
-        host: String,
-    ) -> Proxy {
+    /// A proxy forwarding to `upstream` (`host:port`), deciding invocations with `gate` (its
+    /// configuration, locker and metrics are the proxy's).
+    pub fn new(gate: Gate, invocations: Arc<Invocations>, upstream: String) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         // Header names keep their case both ways (hyper records it in the message extensions),
@@ -136,12 +131,11 @@ impl Proxy {
             .http1_preserve_header_case(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        let gate = Gate::new(config.clone(), locker, host).with_metrics(metrics.clone());
         gate.check_table_in_background();
         Proxy {
-            config,
+            config: gate.shared_config(),
+            metrics: gate.metrics().clone(),
             gate: std::sync::RwLock::new(gate),
-            metrics,
             invocations,
             client,
             upstream,
@@ -214,7 +208,7 @@ impl Proxy {
     /// connections) and a new host id (see the module docs). Invocations already holding a lock
     /// keep theirs; there are none at a restore, which comes before the first invocation.
     pub fn renew_after_restore(&self) {
-        let host = flightlock::gate::host_id();
+        let host = flightlock::lambda::gate::host_id();
         let mut gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
         *gate = gate.renewed(host.clone());
         tracing::info!(%host, "restored from a snapshot: new DynamoDB client and host id");

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::config::Config;
+use flightlock::lambda::config::Config;
+use flightlock::lambda::gate::Gate;
 use flightlock::{ClockSkew, Locker};
 use flightlock_extension::invocations::Invocations;
-use flightlock_extension::metrics::Metrics;
 use flightlock_extension::proxy::Proxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -123,29 +123,29 @@ fn event(id: &str, body: &str) -> Vec<u8> {
 
 /// A proxy in front of `upstream`, locking `key` in a fresh table on DynamoDB Local.
 async fn proxy(upstream: &str, key: &str) -> (u16, Locker) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let table = flightlock_testkit::unique_table("failclosed");
-    let client = flightlock_testkit::client(&endpoint).await;
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable { client, table, .. } =
+        flightlock_testkit::fresh_table("failclosed").await;
     let env = [
         ("FLIGHTLOCK_TABLE", table.as_str()),
         ("FLIGHTLOCK_KEY", key),
         ("AWS_LAMBDA_FUNCTION_NAME", "f"),
+        // No EMF lines on the test output.
+        ("FLIGHTLOCK_METRICS", "off"),
         ("AWS_LAMBDA_RUNTIME_API", upstream),
     ]
     .iter()
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
     .collect();
     let config = Arc::new(Config::from_map(&env).unwrap());
-    let proxy = Arc::new(Proxy::new(
+    let gate = Gate::new(
         config,
         Locker::new(client.clone(), &table),
-        Arc::new(Invocations::default()),
-        Metrics::new(false, "f"),
-        upstream.to_owned(),
         "test".to_owned(),
+    );
+    let proxy = Arc::new(Proxy::new(
+        gate,
+        Arc::new(Invocations::default()),
+        upstream.to_owned(),
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightlock::config::Config;
+use flightlock::lambda::config::Config;
+use flightlock::lambda::gate::Gate;
 use flightlock_extension::invocations::Invocations;
-use flightlock_extension::metrics::Metrics;
 use flightlock_extension::proxy::{Limits, Proxy};
 use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
@@ -98,6 +98,8 @@ async fn proxy_with(upstream: &str, limits: Limits) -> u16 {
     let env = [
         ("FLIGHTLOCK_TABLE", "locks"),
         ("AWS_LAMBDA_FUNCTION_NAME", "f"),
+        // No EMF lines on the test output.
+        ("FLIGHTLOCK_METRICS", "off"),
         ("AWS_LAMBDA_RUNTIME_API", upstream),
     ]
     .iter()
@@ -111,12 +113,9 @@ async fn proxy_with(upstream: &str, limits: Limits) -> u16 {
     );
     let proxy = Arc::new(
         Proxy::new(
-            config,
-            locker,
+            Gate::new(config, locker, "test".to_owned()),
             Arc::new(Invocations::default()),
-            Metrics::new(false, "f"),
             upstream.to_owned(),
-            "test".to_owned(),
         )
         .with_limits(limits),
     );

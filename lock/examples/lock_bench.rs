@@ -88,12 +88,9 @@ impl Report {
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
     let args = parse_args();
-    let endpoint = flightlock_testkit::require_endpoint();
-    let admin = flightlock_testkit::client(&endpoint).await;
-    let table = flightlock_testkit::unique_table("bench");
-    flightlock::table::create_table(&admin, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable {
+        endpoint, table, ..
+    } = flightlock_testkit::fresh_table("bench").await;
     let proxy = FaultProxy::start(&endpoint).await.unwrap();
     let mut report = Report(Vec::new());
     println!("flightlock lock benchmark — table {table}, DynamoDB at {endpoint}");

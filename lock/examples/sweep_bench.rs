@@ -145,12 +145,11 @@ async fn scan_read_units(client: &Client, table: &str) -> (f64, u64, u64) {
 #[tokio::main]
 async fn main() {
     let args = parse_args();
-    let endpoint = flightlock_testkit::require_endpoint();
-    let client = flightlock_testkit::client(&endpoint).await;
-    let table = flightlock_testkit::unique_table("sweep_bench");
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable {
+        endpoint,
+        client,
+        table,
+    } = flightlock_testkit::fresh_table("sweep_bench").await;
 
     let t = Instant::now();
     let idle = (0..args.idle).map(|i| counter(&idle_key(i), 3)).collect();

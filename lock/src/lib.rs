@@ -58,12 +58,9 @@
 //! 6. **Safe release**: the heartbeat stops first; a late heartbeat cannot bring a row back.
 
 pub mod clock;
-pub mod config;
 pub mod error;
-pub mod gate;
 mod guard;
 mod heartbeat;
-#[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod liveness;
 mod locker;
@@ -83,7 +80,7 @@ pub use error::{Error, HeldBy};
 pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
 pub use locker::Locker;
-pub use options::{parse_duration, ClockSkew, LockOptions, Wait};
+pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
 pub use queue::{EntryState, QueueEntry};
 pub use schema::HolderInfo;
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};

@@ -1,4 +1,5 @@
-//! Acquisition options and the humane duration syntax shared by the CLI and the extension.
+//! Acquisition options, and the humane duration and switch syntaxes shared by the CLI, the
+//! extension and the cleanup function.
 
 use std::time::Duration;
 
@@ -211,6 +212,29 @@ impl LockOptions {
     }
 }
 
+/// The words [`parse_switch`] reads as on, in any case (the docs list every one; a test checks
+/// that they do).
+pub const SWITCH_ON_WORDS: &[&str] = &["on", "true", "1", "yes"];
+
+/// The words [`parse_switch`] reads as off, in any case.
+pub const SWITCH_OFF_WORDS: &[&str] = &["off", "false", "0", "no"];
+
+/// The accepted forms of a switch, for error messages.
+pub const SWITCH_FORMS: &str = "on, off (also true/false, 1/0, yes/no)";
+
+/// Parses an on/off switch: one of [`SWITCH_ON_WORDS`] or [`SWITCH_OFF_WORDS`], in any case.
+/// Anything else is an error rather than a default, so a typo never flips a setting.
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    if SWITCH_ON_WORDS.contains(&lower.as_str()) {
+        Ok(true)
+    } else if SWITCH_OFF_WORDS.contains(&lower.as_str()) {
+        Ok(false)
+    } else {
+        Err(format!("{s:?} is not a switch; accepted: {SWITCH_FORMS}"))
+    }
+}
+
 /// Parses a humane duration: `500ms`, `10s`, `2m`, `1h`, `1m30s`; a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -231,6 +255,25 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn switches_read_each_word_in_any_case_and_nothing_else() {
+        for word in SWITCH_ON_WORDS {
+            assert_eq!(parse_switch(word), Ok(true), "{word}");
+            assert_eq!(parse_switch(&word.to_uppercase()), Ok(true), "{word}");
+        }
+        for word in SWITCH_OFF_WORDS {
+            assert_eq!(parse_switch(word), Ok(false), "{word}");
+            assert_eq!(
+                parse_switch(&format!(" {} ", word.to_uppercase())),
+                Ok(false)
+            );
+        }
+        for bad in ["", "maybe", "enabled", "2", "o n"] {
+            let e = parse_switch(bad).unwrap_err();
+            assert!(e.contains(SWITCH_FORMS), "{e}");
+        }
+    }
 
     #[test]
     fn waits_parse() {

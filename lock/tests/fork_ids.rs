@@ -53,16 +53,11 @@ fn child(locker: &Locker, key: &str, mut out: UnixStream) -> i32 {
 
 #[test]
 fn forked_copies_draw_different_owner_ids_and_chance() {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let table = flightlock_testkit::unique_table("forkids");
     let locker = {
         let rt = runtime();
         let locker = rt.block_on(async {
-            let client = flightlock_testkit::client(&endpoint).await;
-            flightlock::table::create_table(&client, &table)
-                .await
-                .unwrap();
-            let locker = Locker::new(client, &table);
+            let fresh = flightlock_testkit::fresh_table("forkids").await;
+            let locker = Locker::new(fresh.client, &fresh.table);
             // Take and release once: any generator the process keeps is now seeded.
             let guard = locker
                 .acquire("fork-parent", &LockOptions::default())

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::config::{Config, BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
+use flightlock::lambda::body::{BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
+use flightlock::lambda::config::Config;
 use flightlock::lambda::{FlightlockLayer, Gated};
 use flightlock::{ClockSkew, Locker};
 use lambda_runtime::tower::{ServiceBuilder, ServiceExt};
@@ -45,12 +46,9 @@ impl Default for Probe {
 
 /// A fresh table and a layer configured by `vars` (plus the table).
 async fn layer(name: &str, vars: &[(&str, &str)]) -> (FlightlockLayer, Locker, String) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let client = flightlock_testkit::client(&endpoint).await;
-    let table = flightlock_testkit::unique_table(name);
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable {
+        endpoint, table, ..
+    } = flightlock_testkit::fresh_table(name).await;
     let mut env: HashMap<String, String> = vars
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

@@ -29,12 +29,11 @@ struct Env {
 
 impl Env {
     async fn new(name: &str) -> Env {
-        let endpoint = flightlock_testkit::require_endpoint();
-        let client = flightlock_testkit::client(&endpoint).await;
-        let table = flightlock_testkit::unique_table(name);
-        flightlock::table::create_table(&client, &table)
-            .await
-            .unwrap();
+        let flightlock_testkit::FreshTable {
+            endpoint,
+            client,
+            table,
+        } = flightlock_testkit::fresh_table(name).await;
         Env {
             endpoint,
             client,

@@ -1,8 +1,8 @@
-//! Gating one event through the shared [`flightlock::gate::Gate`] and answering upstream what
+//! Gating one event through the shared [`flightlock::lambda::gate::Gate`] and answering upstream what
 //! it decided; releasing.
 
 use super::*;
-use flightlock::gate::Outcome;
+use flightlock::lambda::gate::Outcome;
 
 impl Proxy {
     /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
@@ -29,7 +29,11 @@ impl Proxy {
                 slot.mark_done();
                 false
             }
-            Outcome::Failed { error_type, body } => {
+            Outcome::Failed {
+                error_type,
+                message,
+            } => {
+                let body = flightlock::lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 slot.mark_done();
                 false

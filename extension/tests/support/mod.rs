@@ -23,10 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::config::Config;
+use flightlock::lambda::config::Config;
+use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use flightlock_extension::invocations::Invocations;
-use flightlock_extension::metrics::Metrics;
 use flightlock_extension::proxy::Proxy;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -323,6 +323,8 @@ pub fn config(table: &str, upstream: &str, vars: &[(&str, &str)]) -> Arc<Config>
     let mut env: std::collections::HashMap<String, String> = [
         ("FLIGHTLOCK_TABLE", table),
         ("AWS_LAMBDA_FUNCTION_NAME", "f"),
+        // No EMF lines on the test output.
+        ("FLIGHTLOCK_METRICS", "off"),
         ("AWS_LAMBDA_RUNTIME_API", upstream),
     ]
     .iter()
@@ -336,13 +338,8 @@ pub fn config(table: &str, upstream: &str, vars: &[(&str, &str)]) -> Arc<Config>
 
 /// A fresh lock table on DynamoDB Local; returns its name and a client for it.
 pub async fn table(prefix: &str) -> (String, aws_sdk_dynamodb::Client) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let table = flightlock_testkit::unique_table(prefix);
-    let client = flightlock_testkit::client(&endpoint).await;
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
-    (table, client)
+    let fresh = flightlock_testkit::fresh_table(prefix).await;
+    (fresh.table, fresh.client)
 }
 
 /// Starts a proxy (one execution environment's extension) in front of `upstream` with
@@ -353,13 +350,15 @@ pub async fn start_proxy(
     upstream: &str,
     host: &str,
 ) -> (u16, Arc<Proxy>) {
-    let proxy = Arc::new(Proxy::new(
+    let gate = Gate::new(
         config.clone(),
         Locker::new(client, &config.table),
-        Arc::new(Invocations::default()),
-        Metrics::new(false, "f"),
-        upstream.to_owned(),
         host.to_owned(),
+    );
+    let proxy = Arc::new(Proxy::new(
+        gate,
+        Arc::new(Invocations::default()),
+        upstream.to_owned(),
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -76,7 +76,9 @@ impl Config {
     pub fn from_map(env: &HashMap<String, String>) -> Result<Config, ConfigError> {
         let mut unknown: Vec<&String> = env
             .keys()
-            .filter(|k| k.starts_with(flightlock::config::PREFIX) && !KNOWN.contains(&k.as_str()))
+            .filter(|k| {
+                k.starts_with(flightlock::lambda::config::PREFIX) && !KNOWN.contains(&k.as_str())
+            })
             .collect();
         unknown.sort();
         if let Some(name) = unknown.first() {
@@ -125,16 +127,9 @@ impl Config {
                 )),
             },
         };
-        let metrics = match get(METRICS).map(str::to_ascii_lowercase).as_deref() {
-            None | Some("on" | "true" | "1") => true,
-            Some("off" | "false" | "0") => false,
-            Some(_) => {
-                return Err(err(
-                    METRICS,
-                    get(METRICS).unwrap_or_default(),
-                    "expected on or off".into(),
-                ))
-            }
+        let metrics = match get(METRICS) {
+            None => true,
+            Some(v) => flightlock::parse_switch(v).map_err(|e| err(METRICS, v, e))?,
         };
         Ok(Config {
             table,
@@ -189,6 +184,22 @@ mod tests {
         assert_eq!((c.concurrency, c.segments), (4, 2));
         assert_eq!(c.margin, Duration::from_secs(2));
         assert!(!c.metrics);
+    }
+
+    #[test]
+    fn metrics_reads_the_same_switch_words_as_the_extension() {
+        let words = flightlock::options::SWITCH_ON_WORDS
+            .iter()
+            .map(|w| (w, true))
+            .chain(
+                flightlock::options::SWITCH_OFF_WORDS
+                    .iter()
+                    .map(|w| (w, false)),
+            );
+        for (word, on) in words {
+            let c = Config::from_map(&env(&[(TABLE, "t"), (METRICS, &word.to_uppercase())]));
+            assert_eq!(c.map(|c| c.metrics), Ok(on), "{METRICS}={word}");
+        }
     }
 
     #[test]

@@ -20,12 +20,8 @@ fn event(name: &str) -> Value {
 }
 
 async fn table_with_rows(name: &str) -> (aws_sdk_dynamodb::Client, String) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let client = flightlock_testkit::client(&endpoint).await;
-    let table = flightlock_testkit::unique_table(name);
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable { client, table, .. } =
+        flightlock_testkit::fresh_table(name).await;
     let now = SystemClock.wall_ms();
     let holder = HolderInfo::default();
     for (key, until) in [("dead", now - 3_600_000), ("live", now + 60_000)] {
@@ -142,7 +138,8 @@ async fn bad_overrides_and_a_missing_table_fail_the_invocation() {
 
 #[test]
 fn keyed_event_renders_the_documented_key() {
-    let template = flightlock::config::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
+    let template =
+        flightlock::lambda::config::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
     assert_eq!(
         template.render(&event("keyed.json")).unwrap(),
         "job-acct-42"

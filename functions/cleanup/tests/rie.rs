@@ -73,12 +73,11 @@ fn invoke(port: u16, body: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_function_sweeps_under_the_runtime_emulator() {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let client = flightlock_testkit::client(&endpoint).await;
-    let table = flightlock_testkit::unique_table("cleanup_rie");
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
+    let flightlock_testkit::FreshTable {
+        endpoint,
+        client,
+        table,
+    } = flightlock_testkit::fresh_table("cleanup_rie").await;
     let holder = HolderInfo::default();
     let now = SystemClock.wall_ms();
     let item = NewRow {

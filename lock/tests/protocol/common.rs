@@ -3,7 +3,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType,
+};
 use aws_sdk_dynamodb::Client;
 use flightlock::{ClockSkew, LockOptions, Locker, Wait};
 use flightlock_testkit::FaultProxy;
@@ -17,12 +20,11 @@ pub struct Env {
 
 impl Env {
     pub async fn new(name: &str) -> Env {
-        let endpoint = flightlock_testkit::require_endpoint();
-        let client = flightlock_testkit::client(&endpoint).await;
-        let table = flightlock_testkit::unique_table(name);
-        flightlock::table::create_table(&client, &table)
-            .await
-            .unwrap();
+        let flightlock_testkit::FreshTable {
+            endpoint,
+            client,
+            table,
+        } = flightlock_testkit::fresh_table(name).await;
         Env {
             endpoint,
             client,
@@ -139,4 +141,29 @@ pub fn assert_strictly_increasing(tokens: &[u64]) {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "fencing tokens not increasing: {tokens:?}"
     );
+}
+
+/// A table that is not a flightlock table: one string hash key `id`.
+pub async fn create_table_keyed_by_id(client: &Client, name: &str) {
+    client
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
 }

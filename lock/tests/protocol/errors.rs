@@ -1,8 +1,5 @@
 //! Errors a user must act on: they name the problem and the fix.
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
 use flightlock::{table, Error, Locker};
 
 use crate::common::*;
@@ -119,29 +116,4 @@ async fn a_wrong_table_is_explained_on_first_use() {
         locker.check_table().await,
         Err(Error::WrongKeySchema { .. })
     ));
-}
-
-/// A table that is not a flightlock table: one string hash key `id`.
-async fn create_table_keyed_by_id(client: &aws_sdk_dynamodb::Client, name: &str) {
-    client
-        .create_table()
-        .table_name(name)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
 }

@@ -8,9 +8,6 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
 use flightlock::{Error, LockOptions, Locker, Wait};
 
 use crate::cli::cli;
@@ -273,29 +270,4 @@ async fn a_waiting_run_names_the_holder_while_it_waits() {
             "{line}"
         );
     }
-}
-
-/// A table that is not a flightlock table: one string hash key `id`.
-async fn create_table_keyed_by_id(client: &aws_sdk_dynamodb::Client, name: &str) {
-    client
-        .create_table()
-        .table_name(name)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
 }

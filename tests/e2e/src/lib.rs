@@ -12,6 +12,9 @@
 //! scripts/dynamodb-local run -- cargo test -p flightlock-e2e
 //! ```
 //!
+//! The tests are one test binary, `tests/e2e/main.rs`, with a module per group; a filter runs one
+//! group (`cargo test -p flightlock-e2e --test e2e platform_modes::`).
+//!
 //! Each [`Env`] runs in a private mount namespace and PID namespace (`unshare --mount --pid
 //! --fork --mount-proc --kill-child`, as root): its `/opt` is a bind mount of a temporary
 //! directory laid out like the layer, and dropping the `Env` kills the whole namespace (RIE,
@@ -27,7 +30,7 @@
 // Test support: panicking with a clear message is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod platform;
+pub use flightlock_testkit::platform;
 mod rounds;
 pub mod sandbox;
 
@@ -93,13 +96,8 @@ pub use flightlock_testkit::free_port;
 
 /// A fresh lock table on DynamoDB Local; returns (endpoint, table).
 pub async fn table(prefix: &str) -> (String, String) {
-    let endpoint = flightlock_testkit::require_endpoint();
-    let table = flightlock_testkit::unique_table(prefix);
-    let client = flightlock_testkit::client(&endpoint).await;
-    flightlock::table::create_table(&client, &table)
-        .await
-        .unwrap();
-    (endpoint, table)
+    let fresh = flightlock_testkit::fresh_table(prefix).await;
+    (fresh.endpoint, fresh.table)
 }
 
 /// What runs as the function.

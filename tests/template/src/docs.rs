@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 
-use flightlock::config::{self, Config};
+use flightlock::lambda::config::{self, Config};
 use flightlock::{ClockSkew, Wait};
 use flightlock_cleanup::config as cleanup_config;
 
@@ -79,7 +79,10 @@ fn every_accepted_word_is_documented_and_none_is_not_a_skew() {
         );
     }
     assert!(ClockSkew::parse("none").is_err());
-    for word in ["on", "off", "true", "false", "1", "0"] {
+    let switch_words = flightlock::options::SWITCH_ON_WORDS
+        .iter()
+        .chain(flightlock::options::SWITCH_OFF_WORDS);
+    for word in switch_words {
         assert!(
             rows[config::METRICS].contains(&format!("`{word}`")),
             "{word}"
@@ -98,6 +101,15 @@ fn cleanup_docs_list_exactly_the_variables_the_cleanup_function_reads() {
     let readme = read("functions/cleanup/README.md");
     let rows = variable_rows(&readme.lines().collect::<Vec<_>>());
     assert_eq!(names(&rows), known(cleanup_config::KNOWN));
+    for word in flightlock::options::SWITCH_ON_WORDS
+        .iter()
+        .chain(flightlock::options::SWITCH_OFF_WORDS)
+    {
+        assert!(
+            rows[cleanup_config::METRICS].contains(&format!("`{word}`")),
+            "the cleanup function's FLIGHTLOCK_METRICS accepts {word}, its README does not say so"
+        );
+    }
     // The root README names them in a sentence below its table.
     let root = read("README.md");
     let configuration = section(&root, "## Configuration").join("\n");

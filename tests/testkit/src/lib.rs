@@ -6,6 +6,10 @@
 //! - [`client`] / [`client_with`]: an SDK client for an endpoint with fixed
 //!   dummy credentials and no environment or profile lookups.
 //! - [`unique_table`]: per-test table names that never collide.
+//! - [`fresh_table`]: a new lock table (flightlock's own schema) on the local server, with its
+//!   endpoint and a client: the one way tests get a table.
+//! - [`platform`]: a Lambda platform double (Runtime, Extensions and Telemetry APIs of one
+//!   execution environment) that follows AWS's documented rules and refuses what Lambda refuses.
 //! - [`FaultProxy`]: a reverse proxy in front of DynamoDB that counts requests
 //!   per operation and injects faults ([`Rule`], [`Fault`]) exactly where the
 //!   network can break: before the write, after the write, duplicated, or
@@ -15,6 +19,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod local;
+pub mod platform;
 mod proxy;
 mod responses;
 mod rule;
@@ -162,6 +167,34 @@ pub async fn batch_put(
         .await
 }
 
+/// A new lock table on the local DynamoDB: its endpoint, a client for it and its name.
+#[derive(Debug, Clone)]
+pub struct FreshTable {
+    /// The endpoint ([`require_endpoint`]).
+    pub endpoint: String,
+    /// A client for it ([`client`]).
+    pub client: aws_sdk_dynamodb::Client,
+    /// The table's name ([`unique_table`] of the prefix).
+    pub table: String,
+}
+
+/// Creates a new lock table named after `prefix` with `flightlock::table::create_table`, on
+/// the endpoint of [`require_endpoint`] (starting DynamoDB Local if none is set). Panics with
+/// the reason if the table cannot be created: a test cannot run without it.
+pub async fn fresh_table(prefix: &str) -> FreshTable {
+    let endpoint = require_endpoint();
+    let client = client(&endpoint).await;
+    let table = unique_table(prefix);
+    if let Err(e) = flightlock::table::create_table(&client, &table).await {
+        panic!("creating the lock table {table} on {endpoint}: {e}");
+    }
+    FreshTable {
+        endpoint,
+        client,
+        table,
+    }
+}
+
 /// A DynamoDB table name unique per call and per process:
 /// `{prefix}-{pid}-{counter}-{random}`.
 ///
@@ -201,8 +234,7 @@ pub fn unique_table(prefix: &str) -> String {
 /// Binding port 0 and closing it again, the usual trick, hands out a port from the kernel's
 /// ephemeral range, which the kernel also hands to every outgoing connection: between the
 /// check and the server's bind, a DynamoDB or Runtime API connection of another test can take
-/// it, and the server fails with "Address already in use" (this made end-to-end tests flaky
-/// under load). These ports come from below that range instead
+/// it, and the server fails with "Address already in use". These ports come from below that range instead
 /// (`/proc/sys/net/ipv4/ip_local_port_range`), never twice from one process, starting at a
 /// place set by the process id so two test processes rarely meet; each is checked free.
 pub fn free_port() -> u16 {

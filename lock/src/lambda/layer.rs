@@ -1,9 +1,9 @@
 //! The in-process path for Rust Lambda functions (cargo feature `lambda`): a tower layer around
 //! a `lambda_runtime` handler with the extension's semantics — acquire before the handler runs
 //! (within `min(wait, deadline - margin)`), heartbeat while it runs (never past the deadline plus
-//! [`LEASE_CAP_GRACE`](crate::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
+//! [`LEASE_CAP_GRACE`](crate::lambda::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
 //! key skip (`{"flightlock":{"skipped":true,...}}`) or fail with `FlightlockBusy`. It reads the
-//! same `FLIGHTLOCK_*` variables as the extension ([`crate::config`]) and decides through the
+//! same `FLIGHTLOCK_*` variables as the extension ([`crate::lambda::config`]) and decides through the
 //! same [`Gate`] (same deadline bounds, logs and EMF metrics); `FLIGHTLOCK_PROXY_PORT`,
 //! `FLIGHTLOCK_UPSTREAM` and `FLIGHTLOCK_WRAPPER_CHECK` concern the extension only.
 //!
@@ -54,8 +54,9 @@ use lambda_runtime::{BoxFuture, Diagnostic, LambdaEvent, SnapStartResource};
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::config::{Config, ConfigError, KEY_ERROR_TYPE};
-use crate::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use crate::lambda::body::KEY_ERROR_TYPE;
+use crate::lambda::config::{Config, ConfigError};
+use crate::lambda::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::Locker;
 
 /// What the wrapped handler answers: its own response, or the skip body.
@@ -215,10 +216,10 @@ where
                         result.map(Gated::Ran)
                     }
                     Outcome::Skipped(body) => Ok(Gated::Skipped(body)),
-                    Outcome::Failed { error_type, body } => Err(diagnostic(
+                    Outcome::Failed {
                         error_type,
-                        body["errorMessage"].as_str().unwrap_or_default(),
-                    )),
+                        message,
+                    } => Err(diagnostic(error_type, &message)),
                 }
             }
             .instrument(span),
@@ -229,7 +230,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::skipped_body;
+    use crate::lambda::body::skipped_body;
 
     #[test]
     fn gated_serializes_transparently() {

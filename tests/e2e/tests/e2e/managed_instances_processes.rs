@@ -4,8 +4,6 @@
 //! DynamoDB Local. There are no INVOKE events: crash release and unenforced detection come from
 //! what the proxy sees and from the Telemetry API.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::time::Duration;
 
 use flightlock_e2e::platform::{Mode, Options, Outcome, Platform};

@@ -1,10 +1,8 @@
-//! Lambda Managed Instances on the platform double (tests/e2e/src/platform): the real extension
+//! Lambda Managed Instances on the platform double (tests/testkit/src/platform): the real extension
 //! binary, DynamoDB Local, and a scripted runtime (this test) with several `GET next` in flight.
 //! The double refuses what Managed Instances refuses (INVOKE registration, the Logs API, other
 //! telemetry schemas) and sends no INVOKE events. Runtime *processes* (wrapped bash + curl
 //! runtimes, crash release, unenforced detection) are in `managed_instances_processes.rs`.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! The layer's exec wrapper (`/opt/flightlock-wrapper`): points the runtime at the proxy and
 //! execs it with its arguments unchanged.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::process::Command;
 
 use flightlock_e2e::repo_root;

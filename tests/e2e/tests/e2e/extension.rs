@@ -1,8 +1,6 @@
 //! End-to-end: the flightlock layer (extension + wrapper) and the in-process layer in emulated
 //! Lambda environments. See the crate docs for how to run them.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::time::{Duration, Instant};
 
 use flightlock_e2e::{

@@ -3,8 +3,6 @@
 //! them), `FLIGHTLOCK_WAIT=0` and a 3 s function timeout, the caller gets `FlightlockLockError`
 //! from flightlock, not the platform's "Task timed out", and the handler never runs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use flightlock_e2e::{finish, free_port, record_file, runs, Env, Runtime, Spec};
 use serde_json::json;
 use tokio::net::TcpListener;

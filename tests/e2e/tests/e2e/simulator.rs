@@ -3,8 +3,7 @@
 //! extension binary registers with it, its proxy gates an invocation through DynamoDB Local, and
 //! SHUTDOWN releases and ends it.
 //!
-//! Two differences from AWS's documented contract, found while writing this test, and what the
-//! test does about them:
+//! Two differences from AWS's documented contract, and what the test does about them:
 //! - The simulator sets `AWS_EXECUTION_ENV=AWS_Lambda_provided.al2`; AWS leaves that variable
 //!   unset for OS-only (`provided`) runtimes (Lambda "Defined runtime environment variables").
 //!   The extension's init check therefore takes this for a managed runtime and requires the exec
@@ -16,8 +15,6 @@
 //!   execution environment lifecycle"). The proxy releases the lock between those two moments, so
 //!   under that freeze a release can be stopped halfway: freeze stays off here, and the freeze
 //!   rule is tested on our platform double (`platform_modes.rs`), which follows AWS's wording.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -3,8 +3,6 @@
 //! be; and FIFO across three runtime clients that are not ours (Node.js, Python, bash + curl).
 //! Needs `eval "$(scripts/node-tools)"` besides the usual e2e tools.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use flightlock_e2e::{
     fifo_round, finish, record_file, runs, skip_rounds, start_all, stop_all, table, Env, Runtime,
     Spec,

@@ -1,8 +1,6 @@
 //! The standard mode, SnapStart, tenant isolation and refused registrations on the platform
-//! double (tests/e2e/src/platform): the real extension binary, a bash + curl runtime started
+//! double (tests/testkit/src/platform): the real extension binary, a bash + curl runtime started
 //! through the layer's wrapper, DynamoDB Local.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

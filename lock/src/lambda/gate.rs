@@ -1,6 +1,6 @@
 //! The gate: one decision per invocation, shared by the Lambda extension's proxy and the
-//! in-process tower layer ([`crate::lambda`]), with the same logs and the same CloudWatch
-//! Embedded Metric Format (EMF) metrics.
+//! in-process tower layer ([`crate::lambda`]), with the same logs and the same EMF metrics
+//! ([`super::metrics`]).
 //!
 //! ```text
 //! event bytes, tenant ─► key from the template ─┬─ error ──────► Failed(FlightlockKeyError)
@@ -14,16 +14,14 @@
 //! included) is bounded by [`decision_budget`]; releases by [`release_budget`]. Error bodies
 //! carry no ARNs or account ids ([`redact_aws_ids`]); the logs have the full errors.
 
-use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::Instrument;
 
-use crate::config::{
-    error_body, redact_aws_ids, skipped_body, Config, OnBusy, BUSY_ERROR_TYPE, DEADLINE_MARGIN,
-    KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-};
+use super::body::{redact_aws_ids, skipped_body, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE};
+use super::config::{Config, OnBusy, DEADLINE_MARGIN};
+use super::metrics::{Metric, Metrics};
 use crate::{Error, HolderInfo, LockGuard, Locker, ReleaseOutcome};
 
 /// Connect timeout for the DynamoDB client of a gate (a regional endpoint answers in ms).
@@ -61,126 +59,6 @@ fn until(deadline: SystemTime) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
-/// Metric namespace.
-pub const NAMESPACE: &str = "flightlock";
-
-/// The metrics flightlock emits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    /// An invocation got the lock (Count).
-    Acquired,
-    /// An invocation was answered without running: key busy, policy `skip` (Count).
-    Skipped,
-    /// An invocation was answered with `FlightlockBusy`: key busy, policy `error` (Count).
-    BusyErrors,
-    /// How long an acquisition waited (Milliseconds), acquired or not.
-    WaitTime,
-    /// A held lock was lost while the handler ran (Count).
-    LockLost,
-    /// Heartbeats that failed and were retried (Count).
-    HeartbeatErrors,
-    /// Releases that failed (Count); the row then goes stale after one lease.
-    ReleaseErrors,
-    /// INVOKE events for requests that never went through the proxy: the wrapper is not
-    /// configured and the lock is NOT enforced (Count; extension only).
-    UnenforcedInvocations,
-    /// The key template could not be rendered from the event (Count).
-    KeyErrors,
-    /// The lock could not be taken for another reason, e.g. DynamoDB unreachable (Count).
-    LockErrors,
-    /// An event from the Runtime API could not be gated (no usable request id, unreadable
-    /// body) and was failed, never passed on ungated (Count; extension only).
-    EventErrors,
-}
-
-impl Metric {
-    /// The metric name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Metric::Acquired => "Acquired",
-            Metric::Skipped => "Skipped",
-            Metric::BusyErrors => "BusyErrors",
-            Metric::WaitTime => "WaitTime",
-            Metric::LockLost => "LockLost",
-            Metric::HeartbeatErrors => "HeartbeatErrors",
-            Metric::ReleaseErrors => "ReleaseErrors",
-            Metric::UnenforcedInvocations => "UnenforcedInvocations",
-            Metric::KeyErrors => "KeyErrors",
-            Metric::LockErrors => "LockErrors",
-            Metric::EventErrors => "EventErrors",
-        }
-    }
-
-    /// The CloudWatch unit.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Metric::WaitTime => "Milliseconds",
-            _ => "Count",
-        }
-    }
-}
-
-/// One EMF line (without the newline) for `metric` = `value` at `timestamp_ms`, dimension
-/// `FunctionName`. Pure.
-pub fn emf_line(function: &str, metric: Metric, value: f64, timestamp_ms: u128) -> String {
-    let mut doc = serde_json::json!({
-        "_aws": {
-            "Timestamp": timestamp_ms as u64,
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": [["FunctionName"]],
-                "Metrics": [{ "Name": metric.name(), "Unit": metric.unit() }],
-            }],
-        },
-        "FunctionName": function,
-    });
-    doc[metric.name()] = serde_json::json!(value);
-    doc.to_string()
-}
-
-/// Prints EMF lines to stdout when enabled (Lambda ships stdout to CloudWatch Logs, which turns
-/// them into metrics without any API call).
-#[derive(Debug, Clone)]
-pub struct Metrics {
-    enabled: bool,
-    function: String,
-}
-
-impl Metrics {
-    /// Metrics for `function`; `enabled = false` prints nothing.
-    pub fn new(enabled: bool, function: impl Into<String>) -> Metrics {
-        Metrics {
-            enabled,
-            function: function.into(),
-        }
-    }
-
-    /// Emits one value.
-    pub fn put(&self, metric: Metric, value: f64) {
-        if !self.enabled {
-            return;
-        }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        let line = emf_line(&self.function, metric, value, now);
-        // One write per line, so concurrent invocations never interleave inside a line.
-        let mut out = std::io::stdout().lock();
-        if let Err(e) = out
-            .write_all(format!("{line}\n").as_bytes())
-            .and_then(|()| out.flush())
-        {
-            tracing::warn!(error = %e, metric = metric.name(), "could not write a metric line");
-        }
-    }
-
-    /// Emits a count of one.
-    pub fn count(&self, metric: Metric) {
-        self.put(metric, 1.0);
-    }
-}
-
 /// A lock held for an invocation: give it back with [`Gate::release`].
 #[derive(Debug)]
 pub struct Held {
@@ -203,13 +81,14 @@ pub enum Outcome {
     Acquired(Held),
     /// Key busy, policy `skip`: answer the invocation with this success body.
     Skipped(serde_json::Value),
-    /// Answer the invocation with an error of `error_type` and this body (`errorType`,
-    /// `errorMessage`).
+    /// Answer the invocation with an error: the Runtime API's error body
+    /// ([`super::body::error_body`]) in the extension, a `Diagnostic` of the same two fields
+    /// in the in-process layer.
     Failed {
         /// `FlightlockBusy`, `FlightlockKeyError` or `FlightlockLockError`.
         error_type: &'static str,
-        /// The error body.
-        body: serde_json::Value,
+        /// What happened and what to do, AWS ids redacted.
+        message: String,
     },
 }
 
@@ -250,15 +129,14 @@ impl Gate {
         }
     }
 
-    /// Replaces the metrics sink.
-    pub fn with_metrics(mut self, metrics: Metrics) -> Gate {
-        self.metrics = metrics;
-        self
-    }
-
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The configuration, shared (for an adapter that keeps it beside the gate).
+    pub fn shared_config(&self) -> Arc<Config> {
+        self.config.clone()
     }
 
     /// The locker.
@@ -471,7 +349,7 @@ pub fn host_id() -> String {
 fn failed(error_type: &'static str, message: &str) -> Outcome {
     Outcome::Failed {
         error_type,
-        body: error_body(error_type, message),
+        message: message.to_owned(),
     }
 }
 
@@ -504,24 +382,5 @@ mod tests {
             Duration::from_secs(1)
         );
         assert_eq!(release_budget(Some(Duration::from_secs(600))), RELEASE_MAX);
-    }
-
-    #[test]
-    fn lines_are_valid_emf() {
-        let line = emf_line("f", Metric::WaitTime, 12.5, 1_700_000_000_000);
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Namespace"], "flightlock");
-        assert_eq!(
-            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"],
-            "WaitTime"
-        );
-        assert_eq!(
-            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Unit"],
-            "Milliseconds"
-        );
-        assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000u64);
-        assert_eq!(v["FunctionName"], "f");
-        assert_eq!(v["WaitTime"], 12.5);
-        assert!(!line.contains('\n'));
     }
 }

@@ -27,6 +27,9 @@
 //! Tenant isolation: with [`Options::tenant`], `/next` answers carry `Lambda-Runtime-Aws-Tenant-Id`
 //! (Runtime API, "Next invocation" response headers).
 
+// A test double: panicking with a clear message on a broken test setup is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api;
 
 use std::collections::{HashMap, VecDeque};

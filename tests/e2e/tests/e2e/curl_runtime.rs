@@ -4,8 +4,6 @@
 //! lock must stay held until the response, and be freed at once only when the runtime really
 //! dies.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,6 @@
 //! holds to hand them over) instead of the many-times-larger `serde_json::Value` tree. Prints
 //! the peak RSS (VmHWM); run it with `--nocapture` to see the figure.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use flightlock_e2e::{finish, record_file, table, Env, Runtime, Spec};
 
 /// VmHWM / VmRSS (kB) of the environment's extension, found in /proc by its name and proxy port.

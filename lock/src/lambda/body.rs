@@ -1,0 +1,105 @@
+//! What an invocation is answered with when the gate does not run it: the `errorType`s of
+//! flightlock's invocation errors, the Runtime API's error body, the skip body, and the
+//! redaction that keeps AWS ids out of them. Pure.
+
+use crate::error::HeldBy;
+
+/// `errorType` of the invocation error posted when the key is busy and `FLIGHTLOCK_ON_BUSY=error`.
+pub const BUSY_ERROR_TYPE: &str = "FlightlockBusy";
+/// `errorType` when the key template cannot be rendered from the event.
+pub const KEY_ERROR_TYPE: &str = "FlightlockKeyError";
+/// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
+pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
+/// `errorType` when the extension could not read an event from the Runtime API: the invocation
+/// is failed rather than handed to the runtime unlocked or incomplete.
+pub const EVENT_ERROR_TYPE: &str = "FlightlockEventError";
+
+/// Replaces ARNs (`arn:...`) and 12-digit AWS account ids in `message` with `<arn>` and
+/// `<account-id>`, for error bodies returned to callers: AWS error messages (access denied, ...)
+/// name roles and resources, which belong in the function's logs, not in a caller's hands. Pure.
+pub fn redact_aws_ids(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    let mut prev: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        let boundary = !prev.is_some_and(|p| p.is_ascii_alphanumeric());
+        if boundary && rest.starts_with("arn:") {
+            let end = rest
+                .find(|c: char| {
+                    c.is_whitespace() || matches!(c, '"' | '\'' | '`' | ',' | ')' | ']' | '}' | '>')
+                })
+                .unwrap_or(rest.len());
+            out.push_str("<arn>");
+            prev = Some('>');
+            rest = &rest[end..];
+            continue;
+        }
+        if c.is_ascii_digit() && boundary {
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            if end == 12 {
+                out.push_str("<account-id>");
+            } else {
+                out.push_str(&rest[..end]);
+            }
+            prev = Some('0');
+            rest = &rest[end..];
+            continue;
+        }
+        out.push(c);
+        prev = Some(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// The success body answered for a skipped invocation:
+/// `{"flightlock":{"skipped":true,"key":"...","heldBy":{...} | null}}`.
+pub fn skipped_body(key: &str, held_by: Option<&HeldBy>) -> serde_json::Value {
+    serde_json::json!({
+        "flightlock": { "skipped": true, "key": key, "heldBy": held_by }
+    })
+}
+
+/// The invocation error body (Runtime API shape: `errorMessage`, `errorType`).
+pub fn error_body(error_type: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({ "errorMessage": message, "errorType": error_type })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aws_ids_are_kept_out_of_error_bodies() {
+        let msg = "access denied calling dynamodb:PutItem on `locks`: User: \
+                   arn:aws:sts::123456789012:assumed-role/r/f is not authorized to perform: \
+                   dynamodb:PutItem on resource: arn:aws:dynamodb:us-east-1:123456789012:table/locks \
+                   (account 123456789012, request 9876543210123, key job-42)";
+        let r = redact_aws_ids(msg);
+        assert!(!r.contains("123456789012") && !r.contains("arn:"), "{r}");
+        assert!(
+            r.contains("User: <arn> is not authorized")
+                && r.contains("resource: <arn> (account <account-id>, request 9876543210123"),
+            "{r}"
+        );
+        assert!(
+            r.contains("dynamodb:PutItem on `locks`") && r.contains("key job-42"),
+            "{r}"
+        );
+        // Words that merely contain "arn:" are left alone.
+        assert_eq!(redact_aws_ids("yarn: ok"), "yarn: ok");
+    }
+
+    #[test]
+    fn bodies_have_the_documented_shape() {
+        let b = skipped_body("k", None);
+        assert_eq!(
+            b,
+            serde_json::json!({"flightlock": {"skipped": true, "key": "k", "heldBy": null}})
+        );
+        let e = error_body(BUSY_ERROR_TYPE, "busy");
+        assert_eq!(e["errorType"], "FlightlockBusy");
+    }
+}

@@ -1,0 +1,150 @@
+//! CloudWatch Embedded Metric Format: one JSON line per value on stdout, which CloudWatch Logs
+//! turns into metrics in namespace [`NAMESPACE`] without an API call. Used by the gate (both
+//! adapters) and the extension.
+
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Metric namespace.
+pub const NAMESPACE: &str = "flightlock";
+
+/// The metrics flightlock emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// An invocation got the lock (Count).
+    Acquired,
+    /// An invocation was answered without running: key busy, policy `skip` (Count).
+    Skipped,
+    /// An invocation was answered with `FlightlockBusy`: key busy, policy `error` (Count).
+    BusyErrors,
+    /// How long an acquisition waited (Milliseconds), acquired or not.
+    WaitTime,
+    /// A held lock was lost while the handler ran (Count).
+    LockLost,
+    /// Heartbeats that failed and were retried (Count).
+    HeartbeatErrors,
+    /// Releases that failed (Count); the row then goes stale after one lease.
+    ReleaseErrors,
+    /// INVOKE events for requests that never went through the proxy: the wrapper is not
+    /// configured and the lock is NOT enforced (Count; extension only).
+    UnenforcedInvocations,
+    /// The key template could not be rendered from the event (Count).
+    KeyErrors,
+    /// The lock could not be taken for another reason, e.g. DynamoDB unreachable (Count).
+    LockErrors,
+    /// An event from the Runtime API could not be gated (no usable request id, unreadable
+    /// body) and was failed, never passed on ungated (Count; extension only).
+    EventErrors,
+}
+
+impl Metric {
+    /// The metric name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Acquired => "Acquired",
+            Metric::Skipped => "Skipped",
+            Metric::BusyErrors => "BusyErrors",
+            Metric::WaitTime => "WaitTime",
+            Metric::LockLost => "LockLost",
+            Metric::HeartbeatErrors => "HeartbeatErrors",
+            Metric::ReleaseErrors => "ReleaseErrors",
+            Metric::UnenforcedInvocations => "UnenforcedInvocations",
+            Metric::KeyErrors => "KeyErrors",
+            Metric::LockErrors => "LockErrors",
+            Metric::EventErrors => "EventErrors",
+        }
+    }
+
+    /// The CloudWatch unit.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::WaitTime => "Milliseconds",
+            _ => "Count",
+        }
+    }
+}
+
+/// One EMF line (without the newline) for `metric` = `value` at `timestamp_ms`, dimension
+/// `FunctionName`. Pure.
+pub fn emf_line(function: &str, metric: Metric, value: f64, timestamp_ms: u128) -> String {
+    let mut doc = serde_json::json!({
+        "_aws": {
+            "Timestamp": timestamp_ms as u64,
+            "CloudWatchMetrics": [{
+                "Namespace": NAMESPACE,
+                "Dimensions": [["FunctionName"]],
+                "Metrics": [{ "Name": metric.name(), "Unit": metric.unit() }],
+            }],
+        },
+        "FunctionName": function,
+    });
+    doc[metric.name()] = serde_json::json!(value);
+    doc.to_string()
+}
+
+/// Prints EMF lines to stdout when enabled (Lambda ships stdout to CloudWatch Logs, which turns
+/// them into metrics without any API call).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    enabled: bool,
+    function: String,
+}
+
+impl Metrics {
+    /// Metrics for `function`; `enabled = false` prints nothing.
+    pub fn new(enabled: bool, function: impl Into<String>) -> Metrics {
+        Metrics {
+            enabled,
+            function: function.into(),
+        }
+    }
+
+    /// Emits one value.
+    pub fn put(&self, metric: Metric, value: f64) {
+        if !self.enabled {
+            return;
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let line = emf_line(&self.function, metric, value, now);
+        // One write per line, so concurrent invocations never interleave inside a line.
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| out.flush())
+        {
+            tracing::warn!(error = %e, metric = metric.name(), "could not write a metric line");
+        }
+    }
+
+    /// Emits a count of one.
+    pub fn count(&self, metric: Metric) {
+        self.put(metric, 1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_valid_emf() {
+        let line = emf_line("f", Metric::WaitTime, 12.5, 1_700_000_000_000);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["_aws"]["CloudWatchMetrics"][0]["Namespace"], "flightlock");
+        assert_eq!(
+            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"],
+            "WaitTime"
+        );
+        assert_eq!(
+            v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Unit"],
+            "Milliseconds"
+        );
+        assert_eq!(v["_aws"]["Timestamp"], 1_700_000_000_000u64);
+        assert_eq!(v["FunctionName"], "f");
+        assert_eq!(v["WaitTime"], 12.5);
+        assert!(!line.contains('\n'));
+    }
+}
