@@ -13,6 +13,8 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
+use nix::sys::signal::Signal;
+
 use super::{now_ms, signal_groups, Inv, Mode, Outcome, Refusal, Shared, State};
 
 type Resp = Response<Full<Bytes>>;
@@ -344,7 +346,7 @@ async fn runtime_next(shared: &Shared) -> Resp {
     shared.touch();
     let w = Waiting { shared, ext: None };
     let mode = shared.options.mode;
-    let (inv, thaw) = wait_take(shared, |s| {
+    let inv = wait_take(shared, |s| {
         let cap = match mode {
             Mode::ManagedInstances { max_concurrency } => max_concurrency,
             Mode::Standard | Mode::SnapStart => 1,
@@ -363,7 +365,11 @@ async fn runtime_next(shared: &Shared) -> Resp {
         s.dispatched += 1;
         s.max_in_flight = s.max_in_flight.max(s.running.len());
         s.registration_closed = true;
-        let thaw = std::mem::take(&mut s.frozen).then(|| s.freeze_groups.clone());
+        // Thawed before anything is delivered (the whole sandbox resumes for the invoke), under
+        // the same lock as the freeze, so the two signals cannot cross.
+        if std::mem::take(&mut s.frozen) {
+            signal_groups(&s.freeze_groups, Signal::SIGCONT);
+        }
         if !matches!(mode, Mode::ManagedInstances { .. }) {
             let event = serde_json::json!({
                 "eventType": "INVOKE", "deadlineMs": inv.deadline_ms, "requestId": inv.id,
@@ -378,14 +384,10 @@ async fn runtime_next(shared: &Shared) -> Resp {
                 e.queue.push_back(event.clone());
             }
         }
-        Some((inv, thaw))
+        Some(inv)
     })
     .await;
     drop(w);
-    // Thawed before anything is delivered (the whole sandbox resumes for the invoke).
-    if let Some(groups) = thaw {
-        signal_groups(&groups, "CONT");
-    }
     shared.touch();
     emit(
         shared,

@@ -38,6 +38,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -173,8 +175,8 @@ impl Drop for Platform {
             t.abort();
         }
         // Never leave a test's processes stopped.
-        let groups = self.shared.lock().freeze_groups.clone();
-        signal_groups(&groups, "CONT");
+        let s = self.shared.lock();
+        signal_groups(&s.freeze_groups, Signal::SIGCONT);
     }
 }
 
@@ -184,12 +186,12 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn signal_groups(groups: &[i32], signal: &str) {
+/// Signals every process group in `groups` (`kill(2)` on `-group`: a system call, not a `kill`
+/// process). Callers send it while holding the state lock, so signals reach the sandbox in the
+/// order its state changed: a SIGSTOP can never overtake the SIGCONT of the invoke that follows.
+fn signal_groups(groups: &[i32], signal: Signal) {
     for g in groups {
-        let _ = std::process::Command::new("kill")
-            .args([format!("-{signal}"), "--".into(), format!("-{g}")])
-            .stderr(std::process::Stdio::null())
-            .status();
+        let _ = killpg(Pid::from_raw(*g), signal);
     }
 }
 
@@ -369,8 +371,8 @@ async fn wait<T>(shared: &Shared, limit: Duration, f: impl Fn() -> Option<T>) ->
 fn shutdown(shared: &Shared, reason: &str) {
     let mut s = shared.lock();
     s.shut_down = true;
-    let groups = s.freeze_groups.clone();
     s.frozen = false;
+    signal_groups(&s.freeze_groups, Signal::SIGCONT);
     let event = serde_json::json!({
         "eventType": "SHUTDOWN",
         "shutdownReason": reason,
@@ -384,7 +386,6 @@ fn shutdown(shared: &Shared, reason: &str) {
         e.queue.push_back(event.clone());
     }
     drop(s);
-    signal_groups(&groups, "CONT");
     shared.touch();
 }
 
@@ -392,8 +393,10 @@ fn shutdown(shared: &Shared, reason: &str) {
 async fn schedule(shared: Arc<Shared>) {
     loop {
         let changed = shared.changed.notified();
-        let (freeze, expired, next_deadline) = {
-            let s = shared.lock();
+        // The decision and the SIGSTOP happen under one lock: nothing can be dispatched between
+        // "everyone waits in /next" and the freeze.
+        let (froze, expired, next_deadline) = {
+            let mut s = shared.lock();
             let standard = !matches!(shared.options.mode, Mode::ManagedInstances { .. });
             let freeze = standard
                 && !s.frozen
@@ -404,6 +407,11 @@ async fn schedule(shared: Arc<Shared>) {
                 && !s.exts.is_empty()
                 && s.exts.iter().all(|e| e.waiting && e.queue.is_empty())
                 && !s.freeze_groups.is_empty();
+            if freeze {
+                s.frozen = true;
+                s.freezes += 1;
+                signal_groups(&s.freeze_groups, Signal::SIGSTOP);
+            }
             let now = now_ms();
             let expired: Vec<String> = s
                 .running
@@ -414,14 +422,7 @@ async fn schedule(shared: Arc<Shared>) {
             let next = s.running.values().map(|i| i.deadline_ms).min();
             (freeze, expired, next)
         };
-        if freeze {
-            let groups = {
-                let mut s = shared.lock();
-                s.frozen = true;
-                s.freezes += 1;
-                s.freeze_groups.clone()
-            };
-            signal_groups(&groups, "STOP");
+        if froze {
             shared.touch();
             continue;
         }
@@ -436,7 +437,7 @@ async fn schedule(shared: Arc<Shared>) {
             if standard {
                 // The runtime is stopped first, then the extensions hear SHUTDOWN.
                 if let Some(g) = group {
-                    signal_groups(&[g], "KILL");
+                    signal_groups(&[g], Signal::SIGKILL);
                 }
                 shutdown(&shared, "timeout");
             }
