@@ -70,6 +70,7 @@ mod locker;
 mod memory;
 pub mod options;
 mod queue;
+mod retry;
 pub mod schema;
 #[cfg(test)]
 mod sim;

@@ -26,7 +26,7 @@ use crate::error::{BoxError, Error};
 use crate::schema::{self, n, s, PK};
 use crate::storage::{
     counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal,
-    Request, Response, StaleDelete, Storage,
+    Request, Response, ScanRequest, StaleDelete, Storage,
 };
 
 /// A lock table in DynamoDB, reached through `client`.
@@ -73,9 +73,20 @@ impl Storage for Dynamo {
                     seat,
                     rvn,
                 } => this
-                    .delete_stale(&key, ticket, seat, &rvn)
+                    .remove_dead(&key, ticket, seat, &rvn, None)
                     .await
                     .map(Response::StaleDelete),
+                Request::SweepDead(d) => this
+                    .remove_dead(
+                        &d.key,
+                        d.ticket,
+                        d.seat,
+                        &d.rvn,
+                        Some((&d.owner, d.cutoff_ms)),
+                    )
+                    .await
+                    .map(Response::StaleDelete),
+                Request::Scan(r) => this.scan(r).await,
                 Request::Heartbeat(beat) => this.heartbeat(&beat).await.map(Response::Renewal),
                 Request::DeleteOwned {
                     key,
@@ -295,52 +306,103 @@ impl Dynamo {
         }
     }
 
-    /// Deletes a row we judged stale, only if it still carries the `rvn` we judged.
-    async fn delete_stale(
+    /// Removes an entry judged dead, only if it still carries the `rvn` that was judged: a
+    /// waiter's removal of a stale entry, or (with `sweep`: the owner read and the cutoff) the
+    /// sweep's, which also requires the same owner and a lease that ended before the cutoff
+    /// ([`crate::sweep::DELETE_CONDITION`]).
+    async fn remove_dead(
         &self,
         key: &str,
         ticket: u64,
         seat: bool,
         rvn: &str,
+        sweep: Option<(&str, i64)>,
     ) -> Result<StaleDelete, Failure> {
-        if seat {
-            let result = self
-                .vacate(key, &[(schema::RVN, s(rvn))])
+        let operation = if seat { "UpdateItem" } else { "DeleteItem" };
+        let result = if seat {
+            let mut equal = vec![(schema::RVN, s(rvn))];
+            if let Some((owner, _)) = sweep {
+                equal.push((schema::OWNER, s(owner)));
+            }
+            self.vacate(key, &equal, sweep.map(|(_, cutoff)| cutoff))
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
                 .send()
-                .await;
-            return match result {
-                Ok(_) => Ok(StaleDelete::Deleted),
-                Err(e) => match e.as_service_error() {
+                .await
+                .map(drop)
+                .map_err(|e| match e.as_service_error() {
                     Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
                         Ok(seat_judged(c.item(), ticket))
                     }
-                    _ => Err(self.classify("UpdateItem", e)),
-                },
+                    _ => Err(self.classify(operation, e)),
+                })
+        } else {
+            let mut delete = self
+                .client
+                .delete_item()
+                .table_name(&*self.table)
+                .set_key(Some(row_key(key, ticket)))
+                .expression_attribute_names("#rvn", schema::RVN)
+                .expression_attribute_values(":rvn", s(rvn))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                );
+            delete = match sweep {
+                None => delete.condition_expression(stale_condition()),
+                Some((owner, cutoff)) => delete
+                    .condition_expression(crate::sweep::DELETE_CONDITION)
+                    .expression_attribute_names("#owner", schema::OWNER)
+                    .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
+                    .expression_attribute_values(":owner", s(owner))
+                    .expression_attribute_values(":cutoff", n(cutoff)),
             };
-        }
-        let result = self
-            .client
-            .delete_item()
-            .table_name(&*self.table)
-            .set_key(Some(row_key(key, ticket)))
-            .condition_expression(stale_condition())
-            .expression_attribute_names("#rvn", schema::RVN)
-            .expression_attribute_values(":rvn", s(rvn))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
+            delete
+                .send()
+                .await
+                .map(drop)
+                .map_err(|e| match e.as_service_error() {
+                    // Still there (heartbeated, or another owner's), or gone. A retried removal
+                    // whose first attempt landed but whose answer was lost is gone either way.
+                    Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
+                        Ok(row_judged(c.item()))
+                    }
+                    _ => Err(self.classify(operation, e)),
+                })
+        };
         match result {
-            Ok(_) => Ok(StaleDelete::Deleted),
-            Err(e) => match e.as_service_error() {
-                Some(DeleteItemError::ConditionalCheckFailedException(c)) => Ok(match c.item() {
-                    Some(_) => StaleDelete::Revived,
-                    None => StaleDelete::Gone,
-                }),
-                _ => Err(self.classify("DeleteItem", e)),
-            },
+            Ok(()) => Ok(StaleDelete::Deleted),
+            Err(judged) => judged,
+        }
+    }
+
+    /// One page of the sweep's `Scan` (see [`ScanRequest`]).
+    async fn scan(&self, r: ScanRequest) -> Result<Response, Failure> {
+        let mut req = self
+            .client
+            .scan()
+            .table_name(&*self.table)
+            .filter_expression(crate::sweep::FILTER)
+            .projection_expression(crate::sweep::PROJECTION)
+            .set_expression_attribute_names(Some(crate::sweep::scan_names()))
+            .expression_attribute_values(":q", s(schema::QUEUE_PREFIX))
+            .expression_attribute_values(":counter", s(schema::COUNTER_SK))
+            .expression_attribute_values(":cutoff", n(r.cutoff_ms))
+            .consistent_read(false)
+            .set_exclusive_start_key(r.start)
+            .set_limit(r.limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)));
+        if r.total_segments > 1 {
+            req = req
+                .segment(i32::try_from(r.segment).unwrap_or(0))
+                .total_segments(i32::try_from(r.total_segments).unwrap_or(1));
+        }
+        match req.send().await {
+            Ok(out) => Ok(Response::Scanned {
+                scanned: u64::try_from(out.scanned_count).unwrap_or(0),
+                items: out.items.unwrap_or_default(),
+                next: out.last_evaluated_key.filter(|k| !k.is_empty()),
+            }),
+            Err(e) => Err(self.classify("Scan", e)),
         }
     }
 
@@ -420,6 +482,7 @@ impl Dynamo {
                 .vacate(
                     key,
                     &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))],
+                    None,
                 )
                 .customize()
                 .config_override(no_sdk_retry)
@@ -460,6 +523,7 @@ impl Dynamo {
         &self,
         key: &str,
         equal: &[(&str, aws_sdk_dynamodb::types::AttributeValue)],
+        lease_before: Option<i64>,
     ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
         let (names, remove) = schema::seat_placeholders();
         // One placeholder per attribute: the condition uses the one the removal does.
@@ -472,12 +536,20 @@ impl Dynamo {
         #[cfg(test)]
         if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner)
             && equal.iter().any(|(a, _)| *a == schema::OWNER)
+            && lease_before.is_none()
         {
             terms = vec![format!(
                 "attribute_exists({})",
                 schema::seat_placeholder(schema::OWNER)
             )];
             values.clear();
+        }
+        if let Some(cutoff) = lease_before {
+            terms.push(format!(
+                "{} < :cutoff",
+                schema::seat_placeholder(schema::LEASE_UNTIL_MS)
+            ));
+            values.insert(":cutoff".to_owned(), n(cutoff));
         }
         let mut update = self
             .client
@@ -688,6 +760,15 @@ pub(crate) fn seat_judged(counter: Option<&crate::storage::Item>, ticket: u64) -
         StaleDelete::Revived
     } else {
         StaleDelete::Gone
+    }
+}
+
+/// What a refused removal of a dead row means, from the row as it stood: still there (its owner
+/// heartbeated, or it is another entry now) is `Revived`, absent is `Gone`.
+pub(crate) fn row_judged(row: Option<&crate::storage::Item>) -> StaleDelete {
+    match row {
+        Some(_) => StaleDelete::Revived,
+        None => StaleDelete::Gone,
     }
 }
 

@@ -97,7 +97,9 @@ mod sweeper;
 
 use std::time::Duration;
 
-use crate::schema::QueueRow;
+use std::collections::HashMap;
+
+use crate::schema::{self, QueueRow, PK, SK};
 
 pub use options::{ResumePoint, ScanKey, SweepOptions};
 pub use summary::{RowOutcome, SweepSummary, SweptRow};
@@ -125,6 +127,24 @@ pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < 
 pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
 /// The delete's condition: still the dead row that was read.
 pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
+/// The placeholders of [`FILTER`], [`PROJECTION`] and [`DELETE_CONDITION`].
+pub(crate) fn scan_names() -> HashMap<String, String> {
+    [
+        ("#pk", PK),
+        ("#sk", SK),
+        ("#ticket", schema::TICKET),
+        ("#owner", schema::OWNER),
+        ("#until", schema::LEASE_UNTIL_MS),
+        ("#leaseMs", schema::LEASE_MS),
+        ("#exp", schema::EXPIRES_AT),
+        ("#clockFree", schema::CLOCK_FREE),
+        ("#rvn", schema::RVN),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect()
+}
+
 /// The cutoff for a sweep at wall time `now_ms`: rows whose lease ended before it are dead.
 pub fn cutoff_ms(now_ms: i64, grace: Duration) -> i64 {
     now_ms.saturating_sub(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX))

@@ -60,13 +60,16 @@ use tokio::time::Instant;
 
 use crate::options::{ClockSkew, LockOptions, Wait, CLOCK_FREE_GRACE};
 use crate::schema::{self, QueueRow, Snapshot};
-use crate::sweep::{cutoff_ms, is_dead};
 use crate::{Error, Locker, LostSignal, ReleaseOutcome};
 use model::{Mutation, Outcomes, Table};
 use net::{Endpoint, Faults, Net, SimClock};
 
 /// The true wall time at the start of every run, epoch ms (2026-01-01).
 const EPOCH_MS: i64 = 1_767_225_600_000;
+
+/// Mixed into a run's seed for the sweeper's clock, so the sweeper draws nothing from the run's
+/// generator (the rest of the plan does not shift when it is on).
+const SWEEPER_SEED: u64 = 0x5eeb_5eeb;
 
 /// The run's trace: one line per event, with the simulated time.
 #[derive(Clone, Default)]
@@ -484,14 +487,22 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
             .map(|k| Duration::from_millis(u64::try_from(k.spread_ms * 2).unwrap_or(0)))
             .max()
             .unwrap_or_default();
-        let grace = max_allowance + ms(&mut rng, 0, 3_000);
+        // The real sweeper refuses a grace below its floor.
+        let grace = (max_allowance + ms(&mut rng, 0, 3_000)).max(crate::sweep::MIN_GRACE);
         let s = keys.iter().map(|k| k.spread_ms).min().unwrap_or(0);
         let offset = rng.random_range(-s..=s);
+        let clock = Arc::new(SimClock::new(
+            EPOCH_MS,
+            origin,
+            offset,
+            0,
+            seed ^ SWEEPER_SEED,
+        ));
         tokio::spawn(sweeper(
             ctx.clone(),
             period,
             grace,
-            offset,
+            clock,
             background.clone(),
         ));
     }
@@ -572,7 +583,8 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     }
     // TTL never removes a counter, so a dead seat is the sweeper's (or the next acquirer's):
     // one scheduled sweep, whether or not the sweeper ran during the run.
-    sweep_once(&ctx, Duration::from_secs(60), 0);
+    let clock = Arc::new(SimClock::new(EPOCH_MS, origin, 0, 0, seed ^ SWEEPER_SEED));
+    sweep_once(&ctx, Duration::from_secs(60), clock).await;
     for (key, row) in rows(&net) {
         ctx.violation(format!(
             "self-cleaning: row {key} t{} of {:?} outlived TTL",
@@ -916,9 +928,10 @@ async fn sweeper(
     ctx: Ctx,
     period: Duration,
     grace: Duration,
-    offset_ms: i64,
+    clock: Arc<SimClock>,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    let offset_ms = clock.offset_ms.lock().map_or(0, |o| *o);
     ctx.note(format!(
         "sweeper every {period:?}, grace {grace:?}, clock {offset_ms:+}ms"
     ));
@@ -928,32 +941,29 @@ async fn sweeper(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        sweep_once(&ctx, grace, offset_ms);
+        sweep_once(&ctx, grace, clock.clone()).await;
     }
 }
 
-/// One pass of the sweeper: every dead entry (rows and seats) removed conditionally.
-fn sweep_once(ctx: &Ctx, grace: Duration, offset_ms: i64) {
-    let now = Instant::now();
-    let Ok(mut table) = ctx.net.table.lock() else {
-        return;
+/// One sweep by the real [`Sweeper`](crate::sweep::Sweeper), through the simulated network: a
+/// scan, then the conditional removal of every dead entry (rows and seats) it found.
+async fn sweep_once(ctx: &Ctx, grace: Duration, clock: Arc<SimClock>) {
+    let endpoint = Endpoint {
+        net: ctx.net.clone(),
+        who: "sweeper".into(),
+        dead: Arc::new(AtomicBool::new(false)),
     };
-    let wall = table.server_ms(now) + offset_ms;
-    let cutoff = cutoff_ms(wall, grace);
-    for key in table.keys() {
-        let items = table.partition(&key);
-        for item in &items {
-            let Ok(row) = QueueRow::from_item(&key, item) else {
-                continue;
-            };
-            if is_dead(&row, cutoff) && table.sweep_delete(&key, &row, cutoff, now) {
-                ctx.net.trace.line(format!(
-                    "sweeper deleted {key} t{}{}",
-                    row.ticket,
-                    if row.seat { " (seat)" } else { "" }
-                ));
-            }
-        }
+    let sweeper = crate::sweep::Sweeper::on(Arc::new(endpoint), "sim").with_clock(clock);
+    let opts = crate::sweep::SweepOptions {
+        grace,
+        ..crate::sweep::SweepOptions::default()
+    };
+    match sweeper.sweep(&opts).await {
+        Ok(summary) => ctx.note(format!(
+            "sweeper: {} dead, {} deleted, {} revived, {} gone, {} errors",
+            summary.dead, summary.deleted, summary.revived, summary.already_gone, summary.errors
+        )),
+        Err(e) => ctx.violation(format!("sweeper failed: {e}")),
     }
 }
 

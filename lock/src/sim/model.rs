@@ -29,9 +29,9 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::schema::{self, Snapshot, COUNTER_SK, PK, SK};
 use crate::storage::{
-    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, StaleDelete,
+    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, ScanRequest, StaleDelete,
 };
-use crate::store::{enqueue_outcome, renewal_refused};
+use crate::store::{enqueue_outcome, renewal_refused, row_judged, seat_judged};
 
 /// How long DynamoDB remembers a `ClientRequestToken`.
 pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
@@ -58,6 +58,10 @@ pub(crate) enum Mutation {
     /// The seat is taken whenever it is empty, without the counter condition: an enqueuer that
     /// read an empty queue takes it even after others queued (and were granted) since.
     SeatWithoutCounter,
+    /// The sweep's removal is conditioned on the owner alone, not on the version read (`rvn`)
+    /// nor on the lease still ending before the cutoff: an entry that changed between the
+    /// sweeper's scan and its removal (the same owner's later entry in the seat) is removed.
+    SweepOwnerOnly,
 }
 
 /// Who removed a queue row.
@@ -183,6 +187,18 @@ fn entry_sk(ticket: u64, seat: bool) -> String {
     }
 }
 
+/// The scan segment of a partition key: a stable hash of it, modulo the number of segments
+/// (DynamoDB splits a parallel scan by partition).
+fn segment_of(pk: &str, total: u32) -> u32 {
+    if total <= 1 {
+        return 0;
+    }
+    let hash = pk.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    u32::try_from(hash % u64::from(total)).unwrap_or(0)
+}
+
 fn conditional_failed(operation: &'static str) -> Failure {
     // Only reached for request kinds whose conditions are all mapped to outcomes; kept as an
     // error so a gap in the model shows up as a failing run, not a silent pass.
@@ -301,41 +317,22 @@ impl Table {
             Request::DeleteStale {
                 key,
                 ticket,
-                seat: true,
+                seat,
                 rvn,
             } => {
-                let counter = self.get(key, COUNTER_SK);
-                let outcome = match counter.and_then(|c| string(c, schema::RVN)) {
-                    Some(r)
-                        if r == rvn
-                            || self.mutation == Some(Mutation::UnconditionalStaleDelete) =>
-                    {
-                        self.vacate(key, now, Some(Remover::Waiter));
-                        StaleDelete::Deleted
-                    }
-                    _ => crate::store::seat_judged(counter, *ticket),
-                };
+                let outcome = self.remove_dead(key, *ticket, *seat, rvn, None, now);
                 self.count_stale(outcome);
                 Ok(Response::StaleDelete(outcome))
             }
-            Request::DeleteStale {
-                key, ticket, rvn, ..
-            } => {
-                let sk = schema::queue_sk(*ticket);
-                let outcome = match self.get(key, &sk) {
-                    None => StaleDelete::Gone,
-                    Some(item)
-                        if string(item, schema::RVN) == Some(rvn.as_str())
-                            || self.mutation == Some(Mutation::UnconditionalStaleDelete) =>
-                    {
-                        self.remove(key, &sk, now, Some(Remover::Waiter));
-                        StaleDelete::Deleted
-                    }
-                    Some(_) => StaleDelete::Revived,
-                };
-                self.count_stale(outcome);
+            Request::SweepDead(d) => {
+                let sweep = Some((d.owner.as_str(), d.cutoff_ms));
+                let outcome = self.remove_dead(&d.key, d.ticket, d.seat, &d.rvn, sweep, now);
+                if outcome == StaleDelete::Deleted {
+                    self.outcomes.swept += 1;
+                }
                 Ok(Response::StaleDelete(outcome))
             }
+            Request::Scan(r) => Ok(self.scan(r)),
             Request::Heartbeat(beat) => {
                 let sk = entry_sk(beat.ticket, beat.seat);
                 let current = self.get(&beat.key, &sk);
@@ -691,30 +688,101 @@ impl Table {
         }
     }
 
-    /// The sweeper's conditional delete (`DELETE_CONDITION` of `sweep.rs`): still the row that
-    /// was read (same owner and rvn), lease still before the cutoff.
-    pub(crate) fn sweep_delete(
+    /// The conditional removal of an entry judged dead, as `store.rs` sends it: still the
+    /// version judged (`rvn`), and for the sweep (`sweep`: the owner read and the cutoff) also
+    /// the same owner and a lease that ended before the cutoff (`DELETE_CONDITION` of
+    /// `sweep.rs`). A refused removal is judged by the answer readers `store.rs` uses.
+    fn remove_dead(
         &mut self,
         key: &str,
-        row: &schema::QueueRow,
-        cutoff_ms: i64,
+        ticket: u64,
+        seat: bool,
+        rvn: &str,
+        sweep: Option<(&str, i64)>,
         now: Instant,
-    ) -> bool {
-        let (owner, rvn) = (row.owner.as_str(), row.rvn.as_str());
-        let sk = entry_sk(row.ticket, row.seat);
-        let matches = self.get(key, &sk).is_some_and(|i| {
-            string(i, schema::OWNER) == Some(owner)
-                && string(i, schema::RVN) == Some(rvn)
-                && num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff_ms)
-        });
-        if matches && row.seat {
-            self.vacate(key, now, Some(Remover::Sweeper));
-            self.outcomes.swept += 1;
-        } else if matches {
-            self.remove(key, &sk, now, Some(Remover::Sweeper));
-            self.outcomes.swept += 1;
+    ) -> StaleDelete {
+        let sk = entry_sk(ticket, seat);
+        let stored = self.get(key, &sk).cloned();
+        let same_rvn = |i: &Item| string(i, schema::RVN) == Some(rvn);
+        let removable = match &stored {
+            None => false,
+            // An empty seat: the counter alone, nothing to remove.
+            Some(i) if seat && string(i, schema::RVN).is_none() => false,
+            Some(i) => match sweep {
+                None => same_rvn(i) || self.mutation == Some(Mutation::UnconditionalStaleDelete),
+                Some((owner, cutoff)) => {
+                    string(i, schema::OWNER) == Some(owner)
+                        && (same_rvn(i) || self.mutation == Some(Mutation::SweepOwnerOnly))
+                        && (num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff)
+                            || self.mutation == Some(Mutation::SweepOwnerOnly))
+                }
+            },
+        };
+        if removable {
+            let by = if sweep.is_some() {
+                Remover::Sweeper
+            } else {
+                Remover::Waiter
+            };
+            if seat {
+                self.vacate(key, now, Some(by));
+            } else {
+                self.remove(key, &sk, now, Some(by));
+            }
+            return StaleDelete::Deleted;
         }
-        matches
+        if seat {
+            seat_judged(stored.as_ref(), ticket)
+        } else {
+            row_judged(stored.as_ref())
+        }
+    }
+
+    /// One page of the sweep's `Scan` (`ScanRequest`): items in key order within the segment,
+    /// `limit` read per page, the filter applied after the read (`ScannedCount` counts every
+    /// item read), the projection applied to what passes. Eventual consistency is not modelled:
+    /// a page reads the table as it stands, which a real scan may lag behind; the removal's
+    /// condition, not the read, is what keeps a live entry safe.
+    fn scan(&self, r: &ScanRequest) -> Response {
+        let start = r.start.as_ref().and_then(pk_sk);
+        let limit = r
+            .limit
+            .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))
+            .max(1);
+        let names = crate::sweep::scan_names();
+        let mut page = self
+            .items
+            .iter()
+            .filter(|((pk, _), _)| segment_of(pk, r.total_segments) == r.segment)
+            .filter(|(k, _)| start.as_ref().is_none_or(|s| *k > s))
+            .peekable();
+        let (mut items, mut scanned, mut next) = (Vec::new(), 0u64, None);
+        while let Some(((pk, sk), stored)) = page.next() {
+            scanned += 1;
+            let entry = sk.starts_with(schema::QUEUE_PREFIX) || sk == COUNTER_SK;
+            let dead = num(&stored.item, schema::LEASE_UNTIL_MS).is_some_and(|u| u < r.cutoff_ms);
+            if entry && dead {
+                let projected: Item = stored
+                    .item
+                    .iter()
+                    .filter(|(name, _)| names.values().any(|v| v == *name))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect();
+                items.push(projected);
+            }
+            if scanned as usize == limit && page.peek().is_some() {
+                next = Some(HashMap::from([
+                    (PK.to_owned(), AttributeValue::S(pk.clone())),
+                    (SK.to_owned(), AttributeValue::S(sk.clone())),
+                ]));
+                break;
+            }
+        }
+        Response::Scanned {
+            items,
+            scanned,
+            next,
+        }
     }
 
     /// An operator deletes an item by hand (no condition, never an early removal of ours).
