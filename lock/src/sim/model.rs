@@ -58,10 +58,6 @@ pub(crate) enum Mutation {
     /// The seat is taken whenever it is empty, without the counter condition: an enqueuer that
     /// read an empty queue takes it even after others queued (and were granted) since.
     SeatWithoutCounter,
-    /// The sweep's removal is conditioned on the owner alone, not on the version read (`rvn`)
-    /// nor on the lease still ending before the cutoff: an entry that changed between the
-    /// sweeper's scan and its removal (the same owner's later entry in the seat) is removed.
-    SweepOwnerOnly,
 }
 
 /// Who removed a queue row.
@@ -712,9 +708,8 @@ impl Table {
                 None => same_rvn(i) || self.mutation == Some(Mutation::UnconditionalStaleDelete),
                 Some((owner, cutoff)) => {
                     string(i, schema::OWNER) == Some(owner)
-                        && (same_rvn(i) || self.mutation == Some(Mutation::SweepOwnerOnly))
-                        && (num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff)
-                            || self.mutation == Some(Mutation::SweepOwnerOnly))
+                        && same_rvn(i)
+                        && num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff)
                 }
             },
         };

@@ -36,6 +36,9 @@ pub(crate) enum Mutant {
     /// Self-cleaning: a cancelled acquisition forgets the entries its requests may have written,
     /// and a dropped guard its row, instead of removing them.
     AbandonLeavesRows,
+    /// `sweep/sweeper.rs`: the sweeper's cutoff is its own wall clock, without the grace, so it
+    /// removes an entry as soon as the lease it shows has ended by the sweeper's clock.
+    SweepWithoutGrace,
     /// `store.rs`: a heartbeat's `UpdateItem` is conditioned on the owner alone, not on the
     /// stored lease (the differential test sees it; the simulation runs the model's conditions).
     StoreHeartbeatOwnerOnly,

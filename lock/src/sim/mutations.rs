@@ -115,3 +115,13 @@ fn a_heartbeat_that_recreates_a_released_row_is_caught() {
     };
     caught_by("heartbeat upserts", knobs, 1000, &[]);
 }
+
+#[test]
+fn a_sweeper_without_its_grace_removes_live_rows() {
+    caught_by(
+        "sweeper without its grace",
+        mutant(Mutant::SweepWithoutGrace),
+        2000,
+        &["early removal"],
+    );
+}

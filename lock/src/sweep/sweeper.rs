@@ -122,7 +122,7 @@ impl Sweeper {
                 tally.resume.push(unfinished);
                 return Ok(tally);
             }
-            let cutoff = cutoff_ms(self.clock.wall_ms(), opts.grace);
+            let cutoff = cutoff_ms(self.clock.wall_ms(), grace(opts));
             let page = match self
                 .scan_page(opts, &point, start.as_ref(), cutoff, deadline)
                 .await
@@ -319,6 +319,15 @@ impl Sweeper {
             attempt += 1;
         }
     }
+}
+
+/// The sweep's grace (under the test-only mutant: none).
+fn grace(opts: &SweepOptions) -> std::time::Duration {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::SweepWithoutGrace) {
+        return std::time::Duration::ZERO;
+    }
+    opts.grace
 }
 
 /// One Scan page.
