@@ -75,7 +75,6 @@ pub mod schema;
 #[cfg(test)]
 mod sim;
 mod storage;
-mod store;
 pub mod sweep;
 pub mod table;
 

@@ -41,8 +41,8 @@ use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions, Wait};
 use crate::queue::QueueEntry;
 use crate::schema::{validate_key, Counter, NewRow, QueueRow, Snapshot};
+use crate::storage::Dynamo;
 use crate::storage::{Enqueue, EnqueueRequest, Failure, StaleDelete, Storage, Store};
-use crate::store::Dynamo;
 
 /// Retries of transient failures last at least this long, even with `wait = 0`.
 const MIN_RETRY_BUDGET: Duration = Duration::from_secs(5);

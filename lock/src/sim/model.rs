@@ -13,7 +13,7 @@
 //!   at any later moment ([`Table::reap`]); until then reads still return it.
 //!
 //! The cancellation reasons are interpreted by the same function as DynamoDB's
-//! ([`crate::store::enqueue_outcome`]), so the model and the real shell can only differ in what
+//! ([`crate::storage::answers::enqueue_outcome`]), so the model and the real shell can only differ in what
 //! the server does, which is what the differential test compares.
 //!
 //! The model also records every removal of a queue row by a waiter, the sweeper or TTL
@@ -28,10 +28,12 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::schema::{self, Snapshot, COUNTER_SK, PK, SK};
+use crate::storage::answers::{
+    enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused,
+};
 use crate::storage::{
     EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, ScanRequest, StaleDelete,
 };
-use crate::store::{enqueue_outcome, renewal_refused, row_judged, seat_judged};
 
 /// How long DynamoDB remembers a `ClientRequestToken`.
 pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
@@ -396,7 +398,7 @@ impl Table {
                 owner,
             } => {
                 let sk = entry_sk(*ticket, *seat);
-                // The seat's release is conditioned on its ticket too (`store.rs`): the seat may
+                // The seat's release is conditioned on its ticket too (`storage/dynamo.rs`): the seat may
                 // hold a later entry of the same owner. A row's ticket is its sort key.
                 let ours = self.get(key, &sk).is_some_and(|i| {
                     string(i, schema::OWNER) == Some(owner.as_str())
@@ -550,7 +552,7 @@ impl Table {
             .as_ref()
             .is_some_and(|c| !c.contains_key(schema::OWNER));
         if !(counter_ok && empty) {
-            return crate::store::seat_refused(r, counter.as_ref()).map(Response::Enqueue);
+            return seat_refused(r, counter.as_ref()).map(Response::Enqueue);
         }
         let by = schema::last_owner(&r.owner, r.ticket);
         self.set_counter(&r.key, r.ticket, Some(&by), now);
@@ -684,10 +686,10 @@ impl Table {
         }
     }
 
-    /// The conditional removal of an entry judged dead, as `store.rs` sends it: still the
+    /// The conditional removal of an entry judged dead, as `storage/dynamo.rs` sends it: still the
     /// version judged (`rvn`), and for the sweep (`sweep`: the owner read and the cutoff) also
     /// the same owner and a lease that ended before the cutoff (`DELETE_CONDITION` of
-    /// `sweep.rs`). A refused removal is judged by the answer readers `store.rs` uses.
+    /// `sweep.rs`). A refused removal is judged by the answer readers `storage/dynamo.rs` uses.
     fn remove_dead(
         &mut self,
         key: &str,

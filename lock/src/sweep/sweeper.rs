@@ -17,8 +17,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::retry::Policy;
 use crate::schema::{self, QueueRow, COUNTER_SK, PK, QUEUE_PREFIX, SK};
-use crate::storage::{Failure, Item, ScanRequest, StaleDelete, Storage, Store, SweepDead};
-use crate::store::Dynamo;
+use crate::storage::{Dynamo, Failure, Item, ScanRequest, StaleDelete, Storage, Store, SweepDead};
 
 /// The sweeper's retries: on top of the SDK's own, within the sweep's budget.
 const RETRY: Policy = Policy {

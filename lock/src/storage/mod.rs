@@ -4,7 +4,7 @@
 //! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two
 //! implementations exist:
 //!
-//! - [`crate::store::Dynamo`]: one DynamoDB API call per request (production, and every test
+//! - [`Dynamo`] (`dynamo.rs`): one DynamoDB API call per request (production, and every test
 //!   against DynamoDB Local and moto);
 //! - `sim::model` (tests only): an in-memory model of one table with the semantics the lock relies
 //!   on, behind a simulated network, so a seeded scheduler can drive the *same protocol code*
@@ -17,6 +17,11 @@
 //!
 //! [`Store`] is the protocol's handle: the storage, plus typed helpers that make one request each
 //! and unpack its answer, plus the tracker of background releases.
+
+pub(crate) mod answers;
+mod dynamo;
+
+pub(crate) use dynamo::Dynamo;
 
 use std::collections::HashMap;
 use std::fmt;
