@@ -17,7 +17,7 @@
 //! cycle.
 
 use std::fmt::Debug;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::rngs::OsRng;
 use rand::{RngCore, TryRngCore};
@@ -90,6 +90,20 @@ impl Clock for SkewedClock {
     fn wall_ms(&self) -> i64 {
         SystemClock.wall_ms().saturating_add(self.offset_ms)
     }
+}
+
+/// Whole milliseconds of a duration, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A fresh random id: 20 hex digits (80 bits). Used for owners and record versions. Drawn from
+/// the clock's chance, which for the system clocks is the OS on every draw: two copies of one
+/// process (a `fork()`, a SnapStart restore) never share an id (see [`crate::clock`]).
+pub(crate) fn new_id(clock: &dyn Clock) -> String {
+    let hi = u128::from(clock.random());
+    let lo = u128::from(clock.random());
+    format!("{:020x}", ((hi << 64) | lo) & ((1u128 << 80) - 1))
 }
 
 #[cfg(test)]

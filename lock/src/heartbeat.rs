@@ -354,7 +354,7 @@ impl Heartbeat {
             } else {
                 Duration::from_millis(u64::try_from(wanted - wall).unwrap_or(0)).min(opts.lease)
             };
-            let rvn = crate::locker::new_id(&*self.clock);
+            let rvn = crate::clock::new_id(&*self.clock);
             let granted_at_ms = self.granted_at_ms.load(Ordering::Acquire);
             let beat = Beat {
                 key: self.key.to_string(),
@@ -438,9 +438,4 @@ fn gone_retried() -> bool {
         return true;
     }
     false
-}
-
-/// Whole milliseconds of a duration, saturating.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -63,6 +63,7 @@ pub mod error;
 pub mod gate;
 mod guard;
 mod heartbeat;
+mod holder;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod liveness;
@@ -82,8 +83,8 @@ pub use clock::{Clock, SkewedClock, SystemClock};
 pub use error::{Error, HeldBy};
 pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
+pub use holder::HolderInfo;
 pub use locker::Locker;
 pub use options::{parse_duration, ClockSkew, LockOptions, Wait};
 pub use queue::{EntryState, QueueEntry};
-pub use schema::HolderInfo;
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};

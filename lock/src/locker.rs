@@ -32,10 +32,11 @@ use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::Client;
 use tokio::time::Instant;
 
+use crate::clock::{millis, new_id};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, HeldBy};
 use crate::guard::LockGuard;
-use crate::heartbeat::{delete_with_retry, millis, Membership, RowState, Timing, Written};
+use crate::heartbeat::{delete_with_retry, Membership, RowState, Timing, Written};
 use crate::liveness::{backoff, jittered, Observer, Pace, Verdict};
 use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions, Wait};
@@ -51,15 +52,6 @@ const MIN_RETRY_BUDGET: Duration = Duration::from_secs(5);
 /// then is abandoned (and retried). A cancelled acquisition removes a row its last enqueue may
 /// still write once more after this long.
 pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A fresh random id: 20 hex digits (80 bits). Used for owners and record versions. Drawn from
-/// the clock's chance, which for the system clocks is the OS on every draw: two copies of one
-/// process (a `fork()`, a SnapStart restore) never share an id (see [`crate::clock`]).
-pub(crate) fn new_id(clock: &dyn Clock) -> String {
-    let hi = u128::from(clock.random());
-    let lo = u128::from(clock.random());
-    format!("{:020x}", ((hi << 64) | lo) & ((1u128 << 80) - 1))
-}
 
 /// The entry point: a lock table and a DynamoDB client. Cheap to clone; share one per process
 /// (it remembers per-key hints that save a request per cycle, and what it saw of other rows,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::schema::HolderInfo;
+use crate::holder::HolderInfo;
 
 /// How long an acquisition may wait for the key ("record wait").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

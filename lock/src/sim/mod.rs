@@ -333,7 +333,7 @@ fn plan_keys(rng: &mut StdRng, knobs: &Knobs) -> Vec<KeyPlan> {
             let max_poll = poll * rng.random_range(2..=10);
             let allowance = ms(rng, 50, 500);
             let clock_free = knobs.all_clock_free || rng.random_bool(0.3);
-            let spread_ms = crate::heartbeat::millis(allowance) / 2;
+            let spread_ms = crate::clock::millis(allowance) / 2;
             let told = if knobs.understate_skew {
                 allowance / 4
             } else {
@@ -683,11 +683,7 @@ async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
                     return;
                 }
                 first = crashed_at + 1;
-                let pause = ms(
-                    &mut rng,
-                    0,
-                    2 * crate::heartbeat::millis(key.opts.lease) as u64,
-                );
+                let pause = ms(&mut rng, 0, 2 * crate::clock::millis(key.opts.lease) as u64);
                 tokio::time::sleep(pause).await;
                 ctx.note(format!(
                     "{} restarts as {}r{}",
@@ -730,7 +726,7 @@ async fn process(
     // of the main generator (and the named ones) keep their shape.
     let mut holds = StdRng::seed_from_u64(plan.seed ^ 0x401d);
     for cycle in first..plan.cycles {
-        tokio::time::sleep(ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64)).await;
+        tokio::time::sleep(ms(&mut rng, 0, crate::clock::millis(lease) as u64)).await;
         if key.opts.clock_free() && rng.random_bool(0.2) {
             let jump = rng.random_range(-3_600_000..=3_600_000);
             clock.jump(jump);
@@ -740,7 +736,7 @@ async fn process(
         opts.holder.host = Some(who.clone());
         opts.wait = match rng.random_range(0..10) {
             0..=2 => Wait::NoWait,
-            3..=5 => Wait::For(ms(&mut rng, 1, 3 * crate::heartbeat::millis(lease) as u64)),
+            3..=5 => Wait::For(ms(&mut rng, 1, 3 * crate::clock::millis(lease) as u64)),
             _ => Wait::Forever,
         };
         let faults_at_start = ctx.faults_on.load(Ordering::SeqCst);
@@ -752,7 +748,7 @@ async fn process(
         let fate = rng.random_range(0..100);
         let acquired = if fate < 8 {
             // Cancelled from outside (a timeout, a signal): the future is dropped.
-            let after = ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64);
+            let after = ms(&mut rng, 0, crate::clock::millis(lease) as u64);
             match tokio::time::timeout(after, locker.acquire(&key.name, &opts)).await {
                 Ok(r) => r,
                 Err(_) => {
@@ -766,7 +762,7 @@ async fn process(
             }
         } else if fate < 12 {
             // Crashes in the middle of acquiring.
-            let after = ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64);
+            let after = ms(&mut rng, 0, crate::clock::millis(lease) as u64);
             if let Ok(r) = tokio::time::timeout(after, locker.acquire(&key.name, &opts)).await {
                 if let Ok(g) = &r {
                     let wiped = ctx.wiped(&key.name);

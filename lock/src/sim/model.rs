@@ -225,7 +225,7 @@ impl Table {
 
     /// The server's wall clock (the true time), epoch ms.
     pub(crate) fn server_ms(&self, now: Instant) -> i64 {
-        self.epoch_ms + crate::heartbeat::millis(now.saturating_duration_since(self.origin))
+        self.epoch_ms + crate::clock::millis(now.saturating_duration_since(self.origin))
     }
 
     /// Every item of a partition, in sort-key order.
@@ -746,7 +746,7 @@ impl Table {
             .limit
             .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))
             .max(1);
-        let names = crate::sweep::scan_names();
+        let names = crate::storage::scan_names();
         let mut page = self
             .items
             .iter()

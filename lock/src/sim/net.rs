@@ -525,8 +525,7 @@ impl SimClock {
 
 impl Clock for SimClock {
     fn wall_ms(&self) -> i64 {
-        let elapsed =
-            crate::heartbeat::millis(Instant::now().saturating_duration_since(self.origin));
+        let elapsed = crate::clock::millis(Instant::now().saturating_duration_since(self.origin));
         let drift = elapsed.saturating_mul(self.drift_ppm) / 1_000_000;
         let offset = self.offset_ms.lock().map_or(0, |o| *o);
         self.epoch_ms + elapsed + drift + offset

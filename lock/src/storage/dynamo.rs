@@ -28,7 +28,7 @@ use super::{
     Request, Response, ScanRequest, StaleDelete, Storage,
 };
 use crate::error::{BoxError, Error};
-use crate::schema::{self, n, s, PK};
+use crate::schema::{self, n, s, PK, SK};
 
 /// A lock table in DynamoDB, reached through `client`.
 #[derive(Clone, Debug)]
@@ -310,7 +310,7 @@ impl Dynamo {
     /// Removes an entry judged dead, only if it still carries the `rvn` that was judged: a
     /// waiter's removal of a stale entry, or (with `sweep`: the owner read and the cutoff) the
     /// sweep's, which also requires the same owner and a lease that ended before the cutoff
-    /// ([`crate::sweep::DELETE_CONDITION`]).
+    /// ([`DELETE_CONDITION`]).
     async fn remove_dead(
         &self,
         key: &str,
@@ -352,7 +352,7 @@ impl Dynamo {
             delete = match sweep {
                 None => delete.condition_expression(stale_condition()),
                 Some((owner, cutoff)) => delete
-                    .condition_expression(crate::sweep::DELETE_CONDITION)
+                    .condition_expression(DELETE_CONDITION)
                     .expression_attribute_names("#owner", schema::OWNER)
                     .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
                     .expression_attribute_values(":owner", s(owner))
@@ -383,9 +383,9 @@ impl Dynamo {
             .client
             .scan()
             .table_name(&*self.table)
-            .filter_expression(crate::sweep::FILTER)
-            .projection_expression(crate::sweep::PROJECTION)
-            .set_expression_attribute_names(Some(crate::sweep::scan_names()))
+            .filter_expression(FILTER)
+            .projection_expression(PROJECTION)
+            .set_expression_attribute_names(Some(scan_names()))
             .expression_attribute_values(":q", s(schema::QUEUE_PREFIX))
             .expression_attribute_values(":counter", s(schema::COUNTER_SK))
             .expression_attribute_values(":cutoff", n(r.cutoff_ms))
@@ -692,6 +692,32 @@ fn stale_condition() -> &'static str {
         return "#rvn = :rvn OR attribute_exists(#rvn)";
     }
     "#rvn = :rvn"
+}
+
+// The sweep's expressions (re-exported by `crate::sweep`, which documents what a sweep does).
+
+/// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
+pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
+/// The scan's projection: exactly what [`QueueRow::from_item`] needs.
+pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
+/// The delete's condition: still the dead row that was read.
+pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
+/// The placeholders of [`FILTER`], [`PROJECTION`] and [`DELETE_CONDITION`].
+pub(crate) fn scan_names() -> HashMap<String, String> {
+    [
+        ("#pk", PK),
+        ("#sk", SK),
+        ("#ticket", schema::TICKET),
+        ("#owner", schema::OWNER),
+        ("#until", schema::LEASE_UNTIL_MS),
+        ("#leaseMs", schema::LEASE_MS),
+        ("#exp", schema::EXPIRES_AT),
+        ("#clockFree", schema::CLOCK_FREE),
+        ("#rvn", schema::RVN),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect()
 }
 
 /// The heartbeat's condition: the row is ours, and its lease is not later than the one we write.

@@ -21,7 +21,10 @@
 pub(crate) mod answers;
 mod dynamo;
 
+#[cfg(test)]
+pub(crate) use dynamo::scan_names;
 pub(crate) use dynamo::Dynamo;
+pub use dynamo::{DELETE_CONDITION, FILTER, PROJECTION};
 
 use std::collections::HashMap;
 use std::fmt;

@@ -338,8 +338,9 @@ struct Page {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{scan_names, DELETE_CONDITION, FILTER, PROJECTION};
+    use super::super::{DELETE_CONDITION, FILTER, PROJECTION};
     use crate::schema::{self, PK, SK};
+    use crate::storage::scan_names;
 
     #[test]
     fn expressions_name_every_placeholder() {
