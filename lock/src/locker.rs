@@ -41,6 +41,7 @@ use crate::liveness::{backoff, jittered, Observer, Pace, Verdict};
 use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions, Wait};
 use crate::queue::QueueEntry;
+use crate::retry::Policy;
 use crate::schema::{validate_key, Counter, NewRow, QueueRow, Snapshot};
 use crate::storage::Dynamo;
 use crate::storage::{Enqueue, EnqueueRequest, Failure, StaleDelete, Storage, Store};
@@ -293,6 +294,13 @@ impl Locker {
     }
 }
 
+/// How an acquisition retries a failed request: within its wait budget.
+const ACQUIRE_RETRY: Policy = Policy {
+    base: Duration::from_millis(25),
+    max: Duration::from_secs(1),
+    attempts: u32::MAX,
+};
+
 /// Sleeps before a retry, or returns the failure as an error when the budget is spent.
 async fn retry_pause(
     failure: Failure,
@@ -300,23 +308,11 @@ async fn retry_pause(
     give_up: Instant,
     clock: &dyn Clock,
 ) -> Result<(), Error> {
-    if let Failure::Retry {
-        throttled,
-        operation,
-        source,
-    } = &failure
+    if ACQUIRE_RETRY
+        .pause(&failure, failures, Some(give_up), clock)
+        .await
     {
-        let pause = backoff(
-            failures,
-            Duration::from_millis(25),
-            Duration::from_secs(1),
-            clock.jitter(),
-        );
-        if clock.now() + pause < give_up {
-            tracing::debug!(operation, throttled, failures, error = %source, "retrying");
-            tokio::time::sleep(pause).await;
-            return Ok(());
-        }
+        return Ok(());
     }
     Err(failure.into_error())
 }
