@@ -40,9 +40,9 @@ use crate::heartbeat::{delete_with_retry, Membership, RowState, Timing, Written}
 use crate::liveness::{backoff, jittered, Observer, Pace, Verdict};
 use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions, Wait};
-use crate::queue::QueueEntry;
 use crate::retry::Policy;
 use crate::schema::{validate_key, Counter, NewRow, QueueRow, Snapshot};
+use crate::status::QueueEntry;
 use crate::storage::Dynamo;
 use crate::storage::{Enqueue, EnqueueRequest, Failure, StaleDelete, Storage, Store};
 
@@ -549,8 +549,8 @@ impl Attempt<'_> {
     /// Creates the key's missing counter at the highest ticket seen (someone else may create it
     /// first: fine, the next read sees theirs). Its `lastOwner` carries a fresh id, never our
     /// owner id: a counter we recreate must not take a value that an earlier request of ours,
-    /// still in flight, is conditioned on (found by the simulation: a request that timed out
-    /// landed after we had recreated the counter exactly as it read it).
+    /// still in flight, is conditioned on (a request that timed out may land after we have
+    /// recreated the counter exactly as it read it).
     async fn create_counter(&self, give_up: Instant) -> Result<(), Error> {
         let mut failures = 0;
         loop {
@@ -607,9 +607,9 @@ impl Attempt<'_> {
                 owner: owner.to_owned(),
                 // One token per distinct request (its version is new at every prepare): a
                 // retry resends the same request under the same token, while another request
-                // for the same ticket (after a changed counter) is judged on its own (found by
-                // the simulation, seed 275: under the owner's token it was refused as an
-                // `IdempotentParameterMismatch`, a fatal error, instead of meeting `OursOlder`).
+                // for the same ticket (after a changed counter) is judged on its own: it meets
+                // `OursOlder`, where a shared token would be refused as an
+                // `IdempotentParameterMismatch`, a fatal error.
                 token: format!("{rvn}{ticket:016x}"),
                 seat: clear,
             },
@@ -773,9 +773,8 @@ impl Attempt<'_> {
                 Ok(Enqueue::Conflict) => {
                     // This attempt wrote nothing, but an earlier one of the same request whose
                     // answer was lost may still land (the counter has not moved, so it can
-                    // succeed): the ticket stays in `in_flight`, to be removed if we give up.
-                    // (Found by the simulation: a late copy after a conflict and a give-up left
-                    // a row nobody heartbeated.)
+                    // succeed): the ticket stays in `in_flight`, to be removed if we give up, so
+                    // a late copy never leaves a row nobody heartbeats.
                     failures += 1;
                     let pause = backoff(
                         failures,

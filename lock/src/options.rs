@@ -95,7 +95,7 @@ pub struct LockOptions {
     pub heartbeat: Option<Duration>,
     /// The longest pause between two looks of the waiter next in line, and the first guess at
     /// how long a place in the queue takes before the process has seen one go by. Default
-    /// 100 ms. Waiters look by their place and the key's pace ([`crate::liveness::Pace`]):
+    /// 100 ms. Waiters look by their place and the key's pace (`liveness::Pace`):
     /// further back less often, up to `max_poll`; all with ±10 % jitter.
     pub poll: Duration,
     /// Longest poll interval. Default 2 s.

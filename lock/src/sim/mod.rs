@@ -984,7 +984,7 @@ async fn stuck_watch(ctx: Ctx, keys: Vec<KeyPlan>, stop: tokio_util::sync::Cance
                         m.waiting.iter().any(|(k, _)| *k == key.name),
                         // Anyone who believes it holds, exempt from the exclusion checks or
                         // not: an owner whose earlier entry an operator deleted may hold a
-                        // later one of its own by right (found in clock-free schedule 7001375).
+                        // later one of its own by right.
                         m.holders
                             .iter()
                             .any(|h| h.key == key.name && h.lost.reason().is_none()),

@@ -41,13 +41,13 @@ pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 /// Deliberate defects, to show that the simulation catches a broken protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mutation {
-    /// The old two-write enqueue: take a ticket from the counter, then put the row in a second
+    /// A two-write enqueue: take a ticket from the counter, then put the row in a second
     /// write (applied later, by the network model). Opens the late-enqueue race.
     TwoWriteEnqueue,
     /// Stale rows are deleted without the `rvn` condition: a heartbeat that lands between the
     /// judgement and the delete no longer saves the row.
     UnconditionalStaleDelete,
-    /// Heartbeats are conditioned on `owner` only (defect 4): a delayed older heartbeat rolls a
+    /// Heartbeats are conditioned on `owner` only: a delayed older heartbeat rolls a
     /// newer lease back.
     HeartbeatRollback,
     /// Heartbeats upsert: a heartbeat that finds no entry writes one (its condition accepts a

@@ -698,7 +698,7 @@ fn stale_condition() -> &'static str {
 
 /// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
 pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
-/// The scan's projection: exactly what [`QueueRow::from_item`] needs.
+/// The scan's projection: exactly what [`crate::schema::QueueRow::from_item`] needs.
 pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
 /// The delete's condition: still the dead row that was read.
 pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
