@@ -116,4 +116,12 @@ mod tests {
         let diff = ahead.wall_ms() - SystemClock.wall_ms();
         assert!((59_000..=60_000).contains(&diff), "{diff}");
     }
+
+    #[test]
+    fn ids_are_20_hex_digits_and_differ() {
+        let a = new_id(&SystemClock);
+        assert_eq!(a.len(), 20);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, new_id(&SystemClock));
+    }
 }
