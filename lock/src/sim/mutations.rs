@@ -3,9 +3,9 @@
 //! that survives fails its test. The defects sit where a real change could break: the heartbeat's
 //! schedule, the wait deadline, the skip decision, the clock-free observer, the lost-signal path,
 //! the waiters' pace, the abandonment of a cancelled enqueue, the sweeper's grace (see
-//! [`super::mutant`]), and the
-//! model's conditions (see [`super::model::Mutation`]). `storage/dynamo.rs`'s own conditions are caught by
-//! the differential test (`differential.rs`), since the simulation runs the model's.
+//! [`super::mutant`]), and the model's conditions (see [`super::model::Mutation`]). The DynamoDB
+//! shell's own conditions (`storage/dynamo.rs`) are caught by the differential test
+//! (`differential.rs`), since the simulation runs the model's.
 
 use super::model::Mutation;
 use super::mutant::Mutant;
