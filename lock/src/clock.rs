@@ -17,7 +17,7 @@
 //! cycle.
 
 use std::fmt::Debug;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::rngs::OsRng;
 use rand::{RngCore, TryRngCore};
@@ -92,6 +92,20 @@ impl Clock for SkewedClock {
     }
 }
 
+/// Whole milliseconds of a duration, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A fresh random id: 20 hex digits (80 bits). Used for owners and record versions. Drawn from
+/// the clock's chance, which for the system clocks is the OS on every draw: two copies of one
+/// process (a `fork()`, a SnapStart restore) never share an id (see [`crate::clock`]).
+pub(crate) fn new_id(clock: &dyn Clock) -> String {
+    let hi = u128::from(clock.random());
+    let lo = u128::from(clock.random());
+    format!("{:020x}", ((hi << 64) | lo) & ((1u128 << 80) - 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +115,13 @@ mod tests {
         let ahead = SkewedClock { offset_ms: 60_000 };
         let diff = ahead.wall_ms() - SystemClock.wall_ms();
         assert!((59_000..=60_000).contains(&diff), "{diff}");
+    }
+
+    #[test]
+    fn ids_are_20_hex_digits_and_differ() {
+        let a = new_id(&SystemClock);
+        assert_eq!(a.len(), 20);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, new_id(&SystemClock));
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::schema::HolderInfo;
+use crate::holder::HolderInfo;
 
 /// A boxed source error, kept so nothing about the cause is thrown away.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -26,6 +26,7 @@ use crate::clock::Clock;
 use crate::error::Error;
 use crate::liveness::backoff;
 use crate::options::LockOptions;
+use crate::retry::Policy;
 use crate::storage::{Beat, Failure, Owned, Renewal, Store};
 
 /// Why a lock (or a place in the queue) was lost.
@@ -284,24 +285,29 @@ pub(crate) async fn delete_with_retry(
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
-        match store.delete_owned(key, ticket, seat, owner).await {
+        let failure = match store.delete_owned(key, ticket, seat, owner).await {
             Ok(Owned::No) if ambiguous => return Ok(Owned::Yes),
             Ok(o) => return Ok(o),
-            Err(Failure::Retry { .. }) if Instant::now() < give_up => {
-                ambiguous = true;
-                attempt += 1;
-                let pause = backoff(
-                    attempt,
-                    Duration::from_millis(25),
-                    Duration::from_millis(500),
-                    clock.jitter(),
-                );
-                tokio::time::sleep(pause).await;
-            }
-            Err(f) => return Err(f.into_error()),
+            Err(f) => f,
+        };
+        attempt += 1;
+        if !RELEASE_RETRY
+            .pause(&failure, attempt, Some(give_up), clock)
+            .await
+        {
+            return Err(failure.into_error());
         }
+        ambiguous = true;
     }
 }
+
+/// How a release retries: for up to 5 s, short pauses (a release in a `Drop` runs in the
+/// background; a process that exits waits for it).
+const RELEASE_RETRY: Policy = Policy {
+    base: Duration::from_millis(25),
+    max: Duration::from_millis(500),
+    attempts: u32::MAX,
+};
 
 struct Heartbeat {
     store: Store,
@@ -354,7 +360,7 @@ impl Heartbeat {
             } else {
                 Duration::from_millis(u64::try_from(wanted - wall).unwrap_or(0)).min(opts.lease)
             };
-            let rvn = crate::locker::new_id(&*self.clock);
+            let rvn = crate::clock::new_id(&*self.clock);
             let granted_at_ms = self.granted_at_ms.load(Ordering::Acquire);
             let beat = Beat {
                 key: self.key.to_string(),
@@ -438,9 +444,4 @@ fn gone_retried() -> bool {
         return true;
     }
     false
-}
-
-/// Whole milliseconds of a duration, saturating.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -22,24 +22,23 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | `storage` | the six requests of the protocol as values, and the seam they cross |
-//! | `store` | those requests on DynamoDB, one API call each (I/O) |
+//! | `storage` | the protocol's and the sweep's requests as values, the seam they cross, the answer readers (`answers`), and the DynamoDB shell (`dynamo`: one API call each, I/O) |
 //! | `sim` | (tests) deterministic simulation of the protocol against a model of the table |
 //! | `schema` | table schema: attribute names, sort keys, item encoding (pure) |
 //! | `options` | [`LockOptions`], [`Wait`], [`ClockSkew`], duration syntax (pure) |
 //! | `liveness` | when a row is stale; poll and backoff schedules (pure) |
-//! | `clock` | wall and monotonic time, injectable ([`SkewedClock`] for tests) |
+//! | `clock` | wall and monotonic time, injectable ([`SkewedClock`] for tests); ids |
+//! | `retry` | the one retry policy: backoff within attempts and a deadline |
 //! | `error` | the crate's one error type |
 //! | `locker` | the acquisition protocol: [`Locker`] |
 //! | `memory` | what a process remembers between calls: hints, hold times, local waiters |
 //! | `heartbeat` | keeping our row alive and the lost signal |
 //! | `guard` | [`LockGuard`]: token, lost signal, release |
-//! | `queue` | inspecting a key's queue ([`QueueEntry`]) |
+//! | `status` | inspecting a key's queue ([`QueueEntry`]) |
+//! | `holder` | [`HolderInfo`]: who holds or waits, for people |
 //! | `table` | creating and checking the table |
-//! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep` |
-//! | `gate` | one decision per invocation (key, acquire within the deadline, skip / error, release) and EMF metrics, shared by the extension and `lambda` |
-//! | `config` | `FLIGHTLOCK_*` configuration and key templates (pure; shared by the extension and `lambda`) |
-//! | `lambda` | feature `lambda`: a tower layer that gates a `lambda_runtime` handler in-process |
+//! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
+//! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`, key templates), `gate` (one decision per invocation: key, acquire within the deadline, skip / error, release), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
 //!
 //! ## Guarantees
 //!
@@ -61,17 +60,18 @@ pub mod clock;
 pub mod error;
 mod guard;
 mod heartbeat;
+mod holder;
 pub mod lambda;
-pub mod liveness;
+pub(crate) mod liveness;
 mod locker;
 mod memory;
 pub mod options;
-mod queue;
+mod retry;
 pub mod schema;
 #[cfg(test)]
 mod sim;
+mod status;
 mod storage;
-mod store;
 pub mod sweep;
 pub mod table;
 
@@ -79,8 +79,8 @@ pub use clock::{Clock, SkewedClock, SystemClock};
 pub use error::{Error, HeldBy};
 pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
+pub use holder::HolderInfo;
 pub use locker::Locker;
 pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
-pub use queue::{EntryState, QueueEntry};
-pub use schema::HolderInfo;
+pub use status::{EntryState, QueueEntry};
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};

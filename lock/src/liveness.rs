@@ -62,6 +62,7 @@ const MAX_SIGHTINGS: usize = 10_000;
 
 impl Observer {
     /// Judges one row. `wall_ms` is our wall clock, `now` our monotonic clock.
+    #[cfg(test)]
     pub fn judge(
         &mut self,
         row: &QueueRow,
@@ -432,8 +433,8 @@ mod tests {
         assert!(!o.seen_alive("a", now + Duration::from_secs(10)));
     }
 
-    /// Found by the simulation (seed 705): a read answered late (slow network) carried a
-    /// version long replaced; the liveness proof counts from when that read was sent.
+    /// A read answered late (slow network) carries a version long replaced: the liveness proof
+    /// counts from when that read was sent.
     #[test]
     fn a_slow_answer_proves_nothing_past_its_request() {
         let mut o = Observer::default();
@@ -446,9 +447,9 @@ mod tests {
         assert!(!o.seen_alive("a", later));
     }
 
-    /// Found by the simulation (seed 705): a clock-free `wait = 0` saw a row, its owner wrote
-    /// once more and died, and two seconds later (more than its lease) the caller saw the new
-    /// version for the first time: "changed", so "alive", so busy, behind a dead holder.
+    /// A clock-free `wait = 0` sees a row, its owner writes once more and dies, and two seconds
+    /// later (more than its lease) the caller sees the new version for the first time: a change
+    /// first seen that late proves nothing, so the holder is not taken for alive.
     #[test]
     fn a_change_seen_a_lease_after_the_sighting_before_proves_nothing() {
         let mut o = Observer::default();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::schema::HolderInfo;
+use crate::holder::HolderInfo;
 
 /// How long an acquisition may wait for the key ("record wait").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub struct LockOptions {
     pub heartbeat: Option<Duration>,
     /// The longest pause between two looks of the waiter next in line, and the first guess at
     /// how long a place in the queue takes before the process has seen one go by. Default
-    /// 100 ms. Waiters look by their place and the key's pace ([`crate::liveness::Pace`]):
+    /// 100 ms. Waiters look by their place and the key's pace (`liveness::Pace`):
     /// further back less often, up to `max_poll`; all with ±10 % jitter.
     pub poll: Duration,
     /// Longest poll interval. Default 2 s.

@@ -22,6 +22,8 @@
 
 use std::collections::HashMap;
 
+pub use crate::holder::HolderInfo;
+
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::Error;
@@ -169,18 +171,6 @@ pub fn queue_sk(ticket: u64) -> String {
 /// fires before the instant the caller meant).
 pub fn ttl_seconds(epoch_ms: i64) -> i64 {
     epoch_ms.div_euclid(1000) + i64::from(epoch_ms.rem_euclid(1000) != 0)
-}
-
-/// Who holds or waits, for people reading the queue. Never used for decisions.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HolderInfo {
-    /// Function name (in Lambda, `AWS_LAMBDA_FUNCTION_NAME`).
-    pub function: Option<String>,
-    /// Request id of the invocation.
-    pub request_id: Option<String>,
-    /// Host name and process id, e.g. `ip-10-0-0-1:4242`.
-    pub host: Option<String>,
 }
 
 /// One row of a key's queue, decoded.

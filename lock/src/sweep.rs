@@ -119,12 +119,8 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How many error messages the summary keeps.
 pub(crate) const MAX_ERROR_SAMPLES: usize = 5;
 
-/// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
-pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
-/// The scan's projection: exactly what [`QueueRow::from_item`] needs.
-pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
-/// The delete's condition: still the dead row that was read.
-pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
+pub use crate::storage::{DELETE_CONDITION, FILTER, PROJECTION};
+
 /// The cutoff for a sweep at wall time `now_ms`: rows whose lease ended before it are dead.
 pub fn cutoff_ms(now_ms: i64, grace: Duration) -> i64 {
     now_ms.saturating_sub(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX))
@@ -139,7 +135,7 @@ pub fn cutoff_ms(now_ms: i64, grace: Duration) -> i64 {
 /// comes from a wall clock nobody vouches for.
 pub fn is_dead(row: &QueueRow, cutoff_ms: i64) -> bool {
     let cutoff = if row.clock_free {
-        cutoff_ms.saturating_sub(crate::heartbeat::millis(crate::options::CLOCK_FREE_GRACE))
+        cutoff_ms.saturating_sub(crate::clock::millis(crate::options::CLOCK_FREE_GRACE))
     } else {
         cutoff_ms
     };

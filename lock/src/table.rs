@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::Client;
 
 use crate::error::Error;
 use crate::schema::{EXPIRES_AT, PK, SK};
-use crate::store::Dynamo;
+use crate::storage::Dynamo;
 
 /// What [`create_table`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The model answers as DynamoDB does: the same requests, sent to DynamoDB Local through the real
-//! storage ([`crate::store::Dynamo`]) and to the model ([`super::model::Table`]), must give the same
+//! storage ([`crate::storage::Dynamo`]) and to the model ([`super::model::Table`]), must give the same
 //! outcomes and leave the same items.
 //!
 //! The requests are drawn from a seeded generator over a small space (two keys, five tickets,
@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use super::model::Table;
 use crate::schema::{HolderInfo, NewRow};
+use crate::storage::Dynamo;
 use crate::storage::{Beat, EnqueueRequest, Failure, Item, Request, Response, Storage};
-use crate::store::Dynamo;
 
 const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
 const RVNS: [&str; 3] = ["rvn-1", "rvn-2", "rvn-3"];
@@ -288,9 +288,9 @@ async fn the_model_answers_as_dynamodb_local_does() {
     }
 }
 
-/// The mutation suite's half for `store.rs`: each request condition broken on purpose must make
+/// The mutation suite's half for `storage/dynamo.rs`: each request condition broken on purpose must make
 /// DynamoDB Local answer differently from the model within the differential's requests. (The
-/// simulation runs the model's conditions, so only this test can see `store.rs`'s.)
+/// simulation runs the model's conditions, so only this test can see `storage/dynamo.rs`'s.)
 #[tokio::test]
 async fn a_broken_request_condition_in_store_is_caught() {
     use super::mutant::{plant, Mutant};

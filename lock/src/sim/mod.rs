@@ -60,13 +60,16 @@ use tokio::time::Instant;
 
 use crate::options::{ClockSkew, LockOptions, Wait, CLOCK_FREE_GRACE};
 use crate::schema::{self, QueueRow, Snapshot};
-use crate::sweep::{cutoff_ms, is_dead};
 use crate::{Error, Locker, LostSignal, ReleaseOutcome};
 use model::{Mutation, Outcomes, Table};
 use net::{Endpoint, Faults, Net, SimClock};
 
 /// The true wall time at the start of every run, epoch ms (2026-01-01).
 const EPOCH_MS: i64 = 1_767_225_600_000;
+
+/// Mixed into a run's seed for the sweeper's clock, so the sweeper draws nothing from the run's
+/// generator (the rest of the plan does not shift when it is on).
+const SWEEPER_SEED: u64 = 0x5eeb_5eeb;
 
 /// The run's trace: one line per event, with the simulated time.
 #[derive(Clone, Default)]
@@ -330,7 +333,7 @@ fn plan_keys(rng: &mut StdRng, knobs: &Knobs) -> Vec<KeyPlan> {
             let max_poll = poll * rng.random_range(2..=10);
             let allowance = ms(rng, 50, 500);
             let clock_free = knobs.all_clock_free || rng.random_bool(0.3);
-            let spread_ms = crate::heartbeat::millis(allowance) / 2;
+            let spread_ms = crate::clock::millis(allowance) / 2;
             let told = if knobs.understate_skew {
                 allowance / 4
             } else {
@@ -484,14 +487,22 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
             .map(|k| Duration::from_millis(u64::try_from(k.spread_ms * 2).unwrap_or(0)))
             .max()
             .unwrap_or_default();
-        let grace = max_allowance + ms(&mut rng, 0, 3_000);
+        // The real sweeper refuses a grace below its floor.
+        let grace = (max_allowance + ms(&mut rng, 0, 3_000)).max(crate::sweep::MIN_GRACE);
         let s = keys.iter().map(|k| k.spread_ms).min().unwrap_or(0);
         let offset = rng.random_range(-s..=s);
+        let clock = Arc::new(SimClock::new(
+            EPOCH_MS,
+            origin,
+            offset,
+            0,
+            seed ^ SWEEPER_SEED,
+        ));
         tokio::spawn(sweeper(
             ctx.clone(),
             period,
             grace,
-            offset,
+            clock,
             background.clone(),
         ));
     }
@@ -572,7 +583,8 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     }
     // TTL never removes a counter, so a dead seat is the sweeper's (or the next acquirer's):
     // one scheduled sweep, whether or not the sweeper ran during the run.
-    sweep_once(&ctx, Duration::from_secs(60), 0);
+    let clock = Arc::new(SimClock::new(EPOCH_MS, origin, 0, 0, seed ^ SWEEPER_SEED));
+    sweep_once(&ctx, Duration::from_secs(60), clock).await;
     for (key, row) in rows(&net) {
         ctx.violation(format!(
             "self-cleaning: row {key} t{} of {:?} outlived TTL",
@@ -671,11 +683,7 @@ async fn worker(ctx: Ctx, plan: WorkerPlan, key: KeyPlan, origin: Instant) {
                     return;
                 }
                 first = crashed_at + 1;
-                let pause = ms(
-                    &mut rng,
-                    0,
-                    2 * crate::heartbeat::millis(key.opts.lease) as u64,
-                );
+                let pause = ms(&mut rng, 0, 2 * crate::clock::millis(key.opts.lease) as u64);
                 tokio::time::sleep(pause).await;
                 ctx.note(format!(
                     "{} restarts as {}r{}",
@@ -718,7 +726,7 @@ async fn process(
     // of the main generator (and the named ones) keep their shape.
     let mut holds = StdRng::seed_from_u64(plan.seed ^ 0x401d);
     for cycle in first..plan.cycles {
-        tokio::time::sleep(ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64)).await;
+        tokio::time::sleep(ms(&mut rng, 0, crate::clock::millis(lease) as u64)).await;
         if key.opts.clock_free() && rng.random_bool(0.2) {
             let jump = rng.random_range(-3_600_000..=3_600_000);
             clock.jump(jump);
@@ -728,7 +736,7 @@ async fn process(
         opts.holder.host = Some(who.clone());
         opts.wait = match rng.random_range(0..10) {
             0..=2 => Wait::NoWait,
-            3..=5 => Wait::For(ms(&mut rng, 1, 3 * crate::heartbeat::millis(lease) as u64)),
+            3..=5 => Wait::For(ms(&mut rng, 1, 3 * crate::clock::millis(lease) as u64)),
             _ => Wait::Forever,
         };
         let faults_at_start = ctx.faults_on.load(Ordering::SeqCst);
@@ -740,7 +748,7 @@ async fn process(
         let fate = rng.random_range(0..100);
         let acquired = if fate < 8 {
             // Cancelled from outside (a timeout, a signal): the future is dropped.
-            let after = ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64);
+            let after = ms(&mut rng, 0, crate::clock::millis(lease) as u64);
             match tokio::time::timeout(after, locker.acquire(&key.name, &opts)).await {
                 Ok(r) => r,
                 Err(_) => {
@@ -754,7 +762,7 @@ async fn process(
             }
         } else if fate < 12 {
             // Crashes in the middle of acquiring.
-            let after = ms(&mut rng, 0, crate::heartbeat::millis(lease) as u64);
+            let after = ms(&mut rng, 0, crate::clock::millis(lease) as u64);
             if let Ok(r) = tokio::time::timeout(after, locker.acquire(&key.name, &opts)).await {
                 if let Ok(g) = &r {
                     let wiped = ctx.wiped(&key.name);
@@ -916,9 +924,10 @@ async fn sweeper(
     ctx: Ctx,
     period: Duration,
     grace: Duration,
-    offset_ms: i64,
+    clock: Arc<SimClock>,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    let offset_ms = clock.offset_ms.lock().map_or(0, |o| *o);
     ctx.note(format!(
         "sweeper every {period:?}, grace {grace:?}, clock {offset_ms:+}ms"
     ));
@@ -928,32 +937,29 @@ async fn sweeper(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        sweep_once(&ctx, grace, offset_ms);
+        sweep_once(&ctx, grace, clock.clone()).await;
     }
 }
 
-/// One pass of the sweeper: every dead entry (rows and seats) removed conditionally.
-fn sweep_once(ctx: &Ctx, grace: Duration, offset_ms: i64) {
-    let now = Instant::now();
-    let Ok(mut table) = ctx.net.table.lock() else {
-        return;
+/// One sweep by the real [`Sweeper`](crate::sweep::Sweeper), through the simulated network: a
+/// scan, then the conditional removal of every dead entry (rows and seats) it found.
+async fn sweep_once(ctx: &Ctx, grace: Duration, clock: Arc<SimClock>) {
+    let endpoint = Endpoint {
+        net: ctx.net.clone(),
+        who: "sweeper".into(),
+        dead: Arc::new(AtomicBool::new(false)),
     };
-    let wall = table.server_ms(now) + offset_ms;
-    let cutoff = cutoff_ms(wall, grace);
-    for key in table.keys() {
-        let items = table.partition(&key);
-        for item in &items {
-            let Ok(row) = QueueRow::from_item(&key, item) else {
-                continue;
-            };
-            if is_dead(&row, cutoff) && table.sweep_delete(&key, &row, cutoff, now) {
-                ctx.net.trace.line(format!(
-                    "sweeper deleted {key} t{}{}",
-                    row.ticket,
-                    if row.seat { " (seat)" } else { "" }
-                ));
-            }
-        }
+    let sweeper = crate::sweep::Sweeper::on(Arc::new(endpoint), "sim").with_clock(clock);
+    let opts = crate::sweep::SweepOptions {
+        grace,
+        ..crate::sweep::SweepOptions::default()
+    };
+    match sweeper.sweep(&opts).await {
+        Ok(summary) => ctx.note(format!(
+            "sweeper: {} dead, {} deleted, {} revived, {} gone, {} errors",
+            summary.dead, summary.deleted, summary.revived, summary.already_gone, summary.errors
+        )),
+        Err(e) => ctx.violation(format!("sweeper failed: {e}")),
     }
 }
 
@@ -978,7 +984,7 @@ async fn stuck_watch(ctx: Ctx, keys: Vec<KeyPlan>, stop: tokio_util::sync::Cance
                         m.waiting.iter().any(|(k, _)| *k == key.name),
                         // Anyone who believes it holds, exempt from the exclusion checks or
                         // not: an owner whose earlier entry an operator deleted may hold a
-                        // later one of its own by right (found in clock-free schedule 7001375).
+                        // later one of its own by right.
                         m.holders
                             .iter()
                             .any(|h| h.key == key.name && h.lost.reason().is_none()),

@@ -13,7 +13,7 @@
 //!   at any later moment ([`Table::reap`]); until then reads still return it.
 //!
 //! The cancellation reasons are interpreted by the same function as DynamoDB's
-//! ([`crate::store::enqueue_outcome`]), so the model and the real shell can only differ in what
+//! ([`crate::storage::answers::enqueue_outcome`]), so the model and the real shell can only differ in what
 //! the server does, which is what the differential test compares.
 //!
 //! The model also records every removal of a queue row by a waiter, the sweeper or TTL
@@ -28,10 +28,12 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::schema::{self, Snapshot, COUNTER_SK, PK, SK};
-use crate::storage::{
-    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, StaleDelete,
+use crate::storage::answers::{
+    enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused,
 };
-use crate::store::{enqueue_outcome, renewal_refused};
+use crate::storage::{
+    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, ScanRequest, StaleDelete,
+};
 
 /// How long DynamoDB remembers a `ClientRequestToken`.
 pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
@@ -39,13 +41,13 @@ pub(crate) const TOKEN_WINDOW: Duration = Duration::from_secs(600);
 /// Deliberate defects, to show that the simulation catches a broken protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mutation {
-    /// The old two-write enqueue: take a ticket from the counter, then put the row in a second
+    /// A two-write enqueue: take a ticket from the counter, then put the row in a second
     /// write (applied later, by the network model). Opens the late-enqueue race.
     TwoWriteEnqueue,
     /// Stale rows are deleted without the `rvn` condition: a heartbeat that lands between the
     /// judgement and the delete no longer saves the row.
     UnconditionalStaleDelete,
-    /// Heartbeats are conditioned on `owner` only (defect 4): a delayed older heartbeat rolls a
+    /// Heartbeats are conditioned on `owner` only: a delayed older heartbeat rolls a
     /// newer lease back.
     HeartbeatRollback,
     /// Heartbeats upsert: a heartbeat that finds no entry writes one (its condition accepts a
@@ -183,6 +185,18 @@ fn entry_sk(ticket: u64, seat: bool) -> String {
     }
 }
 
+/// The scan segment of a partition key: a stable hash of it, modulo the number of segments
+/// (DynamoDB splits a parallel scan by partition).
+fn segment_of(pk: &str, total: u32) -> u32 {
+    if total <= 1 {
+        return 0;
+    }
+    let hash = pk.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    u32::try_from(hash % u64::from(total)).unwrap_or(0)
+}
+
 fn conditional_failed(operation: &'static str) -> Failure {
     // Only reached for request kinds whose conditions are all mapped to outcomes; kept as an
     // error so a gap in the model shows up as a failing run, not a silent pass.
@@ -211,7 +225,7 @@ impl Table {
 
     /// The server's wall clock (the true time), epoch ms.
     pub(crate) fn server_ms(&self, now: Instant) -> i64 {
-        self.epoch_ms + crate::heartbeat::millis(now.saturating_duration_since(self.origin))
+        self.epoch_ms + crate::clock::millis(now.saturating_duration_since(self.origin))
     }
 
     /// Every item of a partition, in sort-key order.
@@ -301,41 +315,22 @@ impl Table {
             Request::DeleteStale {
                 key,
                 ticket,
-                seat: true,
+                seat,
                 rvn,
             } => {
-                let counter = self.get(key, COUNTER_SK);
-                let outcome = match counter.and_then(|c| string(c, schema::RVN)) {
-                    Some(r)
-                        if r == rvn
-                            || self.mutation == Some(Mutation::UnconditionalStaleDelete) =>
-                    {
-                        self.vacate(key, now, Some(Remover::Waiter));
-                        StaleDelete::Deleted
-                    }
-                    _ => crate::store::seat_judged(counter, *ticket),
-                };
+                let outcome = self.remove_dead(key, *ticket, *seat, rvn, None, now);
                 self.count_stale(outcome);
                 Ok(Response::StaleDelete(outcome))
             }
-            Request::DeleteStale {
-                key, ticket, rvn, ..
-            } => {
-                let sk = schema::queue_sk(*ticket);
-                let outcome = match self.get(key, &sk) {
-                    None => StaleDelete::Gone,
-                    Some(item)
-                        if string(item, schema::RVN) == Some(rvn.as_str())
-                            || self.mutation == Some(Mutation::UnconditionalStaleDelete) =>
-                    {
-                        self.remove(key, &sk, now, Some(Remover::Waiter));
-                        StaleDelete::Deleted
-                    }
-                    Some(_) => StaleDelete::Revived,
-                };
-                self.count_stale(outcome);
+            Request::SweepDead(d) => {
+                let sweep = Some((d.owner.as_str(), d.cutoff_ms));
+                let outcome = self.remove_dead(&d.key, d.ticket, d.seat, &d.rvn, sweep, now);
+                if outcome == StaleDelete::Deleted {
+                    self.outcomes.swept += 1;
+                }
                 Ok(Response::StaleDelete(outcome))
             }
+            Request::Scan(r) => Ok(self.scan(r)),
             Request::Heartbeat(beat) => {
                 let sk = entry_sk(beat.ticket, beat.seat);
                 let current = self.get(&beat.key, &sk);
@@ -403,7 +398,7 @@ impl Table {
                 owner,
             } => {
                 let sk = entry_sk(*ticket, *seat);
-                // The seat's release is conditioned on its ticket too (`store.rs`): the seat may
+                // The seat's release is conditioned on its ticket too (`storage/dynamo.rs`): the seat may
                 // hold a later entry of the same owner. A row's ticket is its sort key.
                 let ours = self.get(key, &sk).is_some_and(|i| {
                     string(i, schema::OWNER) == Some(owner.as_str())
@@ -557,7 +552,7 @@ impl Table {
             .as_ref()
             .is_some_and(|c| !c.contains_key(schema::OWNER));
         if !(counter_ok && empty) {
-            return crate::store::seat_refused(r, counter.as_ref()).map(Response::Enqueue);
+            return seat_refused(r, counter.as_ref()).map(Response::Enqueue);
         }
         let by = schema::last_owner(&r.owner, r.ticket);
         self.set_counter(&r.key, r.ticket, Some(&by), now);
@@ -691,30 +686,100 @@ impl Table {
         }
     }
 
-    /// The sweeper's conditional delete (`DELETE_CONDITION` of `sweep.rs`): still the row that
-    /// was read (same owner and rvn), lease still before the cutoff.
-    pub(crate) fn sweep_delete(
+    /// The conditional removal of an entry judged dead, as `storage/dynamo.rs` sends it: still the
+    /// version judged (`rvn`), and for the sweep (`sweep`: the owner read and the cutoff) also
+    /// the same owner and a lease that ended before the cutoff (`DELETE_CONDITION` of
+    /// `sweep.rs`). A refused removal is judged by the answer readers `storage/dynamo.rs` uses.
+    fn remove_dead(
         &mut self,
         key: &str,
-        row: &schema::QueueRow,
-        cutoff_ms: i64,
+        ticket: u64,
+        seat: bool,
+        rvn: &str,
+        sweep: Option<(&str, i64)>,
         now: Instant,
-    ) -> bool {
-        let (owner, rvn) = (row.owner.as_str(), row.rvn.as_str());
-        let sk = entry_sk(row.ticket, row.seat);
-        let matches = self.get(key, &sk).is_some_and(|i| {
-            string(i, schema::OWNER) == Some(owner)
-                && string(i, schema::RVN) == Some(rvn)
-                && num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff_ms)
-        });
-        if matches && row.seat {
-            self.vacate(key, now, Some(Remover::Sweeper));
-            self.outcomes.swept += 1;
-        } else if matches {
-            self.remove(key, &sk, now, Some(Remover::Sweeper));
-            self.outcomes.swept += 1;
+    ) -> StaleDelete {
+        let sk = entry_sk(ticket, seat);
+        let stored = self.get(key, &sk).cloned();
+        let same_rvn = |i: &Item| string(i, schema::RVN) == Some(rvn);
+        let removable = match &stored {
+            None => false,
+            // An empty seat: the counter alone, nothing to remove.
+            Some(i) if seat && string(i, schema::RVN).is_none() => false,
+            Some(i) => match sweep {
+                None => same_rvn(i) || self.mutation == Some(Mutation::UnconditionalStaleDelete),
+                Some((owner, cutoff)) => {
+                    string(i, schema::OWNER) == Some(owner)
+                        && same_rvn(i)
+                        && num(i, schema::LEASE_UNTIL_MS).is_some_and(|u| u < cutoff)
+                }
+            },
+        };
+        if removable {
+            let by = if sweep.is_some() {
+                Remover::Sweeper
+            } else {
+                Remover::Waiter
+            };
+            if seat {
+                self.vacate(key, now, Some(by));
+            } else {
+                self.remove(key, &sk, now, Some(by));
+            }
+            return StaleDelete::Deleted;
         }
-        matches
+        if seat {
+            seat_judged(stored.as_ref(), ticket)
+        } else {
+            row_judged(stored.as_ref())
+        }
+    }
+
+    /// One page of the sweep's `Scan` (`ScanRequest`): items in key order within the segment,
+    /// `limit` read per page, the filter applied after the read (`ScannedCount` counts every
+    /// item read), the projection applied to what passes. Eventual consistency is not modelled:
+    /// a page reads the table as it stands, which a real scan may lag behind; the removal's
+    /// condition, not the read, is what keeps a live entry safe.
+    fn scan(&self, r: &ScanRequest) -> Response {
+        let start = r.start.as_ref().and_then(pk_sk);
+        let limit = r
+            .limit
+            .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))
+            .max(1);
+        let names = crate::storage::scan_names();
+        let mut page = self
+            .items
+            .iter()
+            .filter(|((pk, _), _)| segment_of(pk, r.total_segments) == r.segment)
+            .filter(|(k, _)| start.as_ref().is_none_or(|s| *k > s))
+            .peekable();
+        let (mut items, mut scanned, mut next) = (Vec::new(), 0u64, None);
+        while let Some(((pk, sk), stored)) = page.next() {
+            scanned += 1;
+            let entry = sk.starts_with(schema::QUEUE_PREFIX) || sk == COUNTER_SK;
+            let dead = num(&stored.item, schema::LEASE_UNTIL_MS).is_some_and(|u| u < r.cutoff_ms);
+            if entry && dead {
+                let projected: Item = stored
+                    .item
+                    .iter()
+                    .filter(|(name, _)| names.values().any(|v| v == *name))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect();
+                items.push(projected);
+            }
+            if scanned as usize == limit && page.peek().is_some() {
+                next = Some(HashMap::from([
+                    (PK.to_owned(), AttributeValue::S(pk.clone())),
+                    (SK.to_owned(), AttributeValue::S(sk.clone())),
+                ]));
+                break;
+            }
+        }
+        Response::Scanned {
+            items,
+            scanned,
+            next,
+        }
     }
 
     /// An operator deletes an item by hand (no condition, never an early removal of ours).

@@ -9,7 +9,7 @@
 use std::cell::Cell;
 
 /// A defect planted in the protocol's code (`heartbeat.rs`, `locker.rs`, `liveness.rs`,
-/// `store.rs`).
+/// `storage/dynamo.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mutant {
     /// The heartbeat's schedule: each renewal is sent a whole lease after the last one instead
@@ -36,12 +36,15 @@ pub(crate) enum Mutant {
     /// Self-cleaning: a cancelled acquisition forgets the entries its requests may have written,
     /// and a dropped guard its row, instead of removing them.
     AbandonLeavesRows,
-    /// `store.rs`: a heartbeat's `UpdateItem` is conditioned on the owner alone, not on the
+    /// `sweep/sweeper.rs`: the sweeper's cutoff is its own wall clock, without the grace, so it
+    /// removes an entry as soon as the lease it shows has ended by the sweeper's clock.
+    SweepWithoutGrace,
+    /// `storage/dynamo.rs`: a heartbeat's `UpdateItem` is conditioned on the owner alone, not on the
     /// stored lease (the differential test sees it; the simulation runs the model's conditions).
     StoreHeartbeatOwnerOnly,
-    /// `store.rs`: the release of a seat is conditioned on nothing but the seat being taken.
+    /// `storage/dynamo.rs`: the release of a seat is conditioned on nothing but the seat being taken.
     StoreVacateAnyOwner,
-    /// `store.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
+    /// `storage/dynamo.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
     StoreStaleDeleteUnconditional,
 }
 

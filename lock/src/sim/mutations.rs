@@ -2,9 +2,10 @@
 //! broken protocol within a bounded number of schedules, by the check meant to see it. A mutation
 //! that survives fails its test. The defects sit where a real change could break: the heartbeat's
 //! schedule, the wait deadline, the skip decision, the clock-free observer, the lost-signal path,
-//! the waiters' pace, the abandonment of a cancelled enqueue (see [`super::mutant`]), and the
-//! model's conditions (see [`super::model::Mutation`]). `store.rs`'s own conditions are caught by
-//! the differential test (`differential.rs`), since the simulation runs the model's.
+//! the waiters' pace, the abandonment of a cancelled enqueue, the sweeper's grace (see
+//! [`super::mutant`]), and the model's conditions (see [`super::model::Mutation`]). The DynamoDB
+//! shell's own conditions (`storage/dynamo.rs`) are caught by the differential test
+//! (`differential.rs`), since the simulation runs the model's.
 
 use super::model::Mutation;
 use super::mutant::Mutant;
@@ -114,4 +115,14 @@ fn a_heartbeat_that_recreates_a_released_row_is_caught() {
         ..Knobs::default()
     };
     caught_by("heartbeat upserts", knobs, 1000, &[]);
+}
+
+#[test]
+fn a_sweeper_without_its_grace_removes_live_rows() {
+    caught_by(
+        "sweeper without its grace",
+        mutant(Mutant::SweepWithoutGrace),
+        2000,
+        &["early removal"],
+    );
 }

@@ -384,6 +384,21 @@ pub(crate) fn describe(r: &Request) -> String {
                 &rvn[..6.min(rvn.len())]
             )
         }
+        Request::SweepDead(d) => format!(
+            "SweepDead({} t{}{} rvn {} before {})",
+            d.key,
+            d.ticket,
+            if d.seat { " seat" } else { "" },
+            &d.rvn[..6.min(d.rvn.len())],
+            d.cutoff_ms
+        ),
+        Request::Scan(r) => format!(
+            "Scan(segment {}/{} before {}{})",
+            r.segment,
+            r.total_segments,
+            r.cutoff_ms,
+            if r.start.is_some() { ", next page" } else { "" }
+        ),
         Request::Heartbeat(b) => format!(
             "Heartbeat({} t{}{} until {} rvn {})",
             b.key,
@@ -410,12 +425,14 @@ fn kind(request: &Request, response: &Response) -> String {
         Request::Enqueue(e) if e.seat => (false, "TakeSeat"),
         Request::Enqueue(_) => (false, "Enqueue"),
         Request::DeleteStale { seat, .. } => (*seat, "DeleteStale"),
+        Request::SweepDead(d) => (d.seat, "SweepDead"),
+        Request::Scan(_) => (false, "Scan"),
         Request::Heartbeat(b) => (b.seat, "Heartbeat"),
         Request::CreateCounter { .. } => (false, "CreateCounter"),
         Request::DeleteOwned { seat, .. } => (*seat, "DeleteOwned"),
     };
     let answer = match response {
-        Response::Page { .. } => "page".to_owned(),
+        Response::Page { .. } | Response::Scanned { .. } => "page".to_owned(),
         Response::Enqueue(Enqueue::CounterAt(_)) => "CounterAt".to_owned(),
         Response::Enqueue(e) => format!("{e:?}"),
         Response::StaleDelete(o) => format!("{o:?}"),
@@ -430,6 +447,15 @@ fn describe_response(r: &Response) -> String {
     match r {
         Response::Page { items, next } => format!(
             "{} items{}",
+            items.len(),
+            if next.is_some() { ", more" } else { "" }
+        ),
+        Response::Scanned {
+            items,
+            scanned,
+            next,
+        } => format!(
+            "{} of {scanned} items{}",
             items.len(),
             if next.is_some() { ", more" } else { "" }
         ),
@@ -499,8 +525,7 @@ impl SimClock {
 
 impl Clock for SimClock {
     fn wall_ms(&self) -> i64 {
-        let elapsed =
-            crate::heartbeat::millis(Instant::now().saturating_duration_since(self.origin));
+        let elapsed = crate::clock::millis(Instant::now().saturating_duration_since(self.origin));
         let drift = elapsed.saturating_mul(self.drift_ppm) / 1_000_000;
         let offset = self.offset_ms.lock().map_or(0, |o| *o);
         self.epoch_ms + elapsed + drift + offset

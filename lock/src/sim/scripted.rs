@@ -12,7 +12,7 @@
 //! 4. It reads again and takes the seat at ticket 2. On success it abandons the entries of its
 //!    earlier attempts: a background release of the seat at ticket 1, same owner. Conditioned on
 //!    the owner alone it would empty the seat at ticket 2 under its holder; conditioned on the
-//!    ticket too (`store.rs`, and the model after it) it finds nothing to release.
+//!    ticket too (`storage/dynamo.rs`, and the model after it) it finds nothing to release.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

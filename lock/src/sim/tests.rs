@@ -254,9 +254,8 @@ fn named_schedules_hold() {
         (152, clock_free, "OPERATOR deletes row",
          "clock-free: a token replay answers Done for a row an operator deleted"),
         (200311, clock_free, "conflict on Enqueue(",
-         "protocol bug, fixed (its own schedule, seed 200280, no longer arises since the seat): \
-          an enqueue's answer was lost, its retry met a conflict and the caller gave up; the \
-          lost attempt landed later and its row was left unheartbeated"),
+         "an enqueue's answer is lost, its retry meets a conflict and the caller gives up; the \
+          lost attempt lands later and its row must still be removed"),
         (275, Knobs::default(), "duplicate of Enqueue(k0 t5",
          "protocol bug, fixed: a request for ticket 5 was answered 'no counter', the counter was \
           recreated and a new request for ticket 5 sent; under the owner's token (one per \

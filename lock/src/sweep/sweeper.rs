@@ -1,11 +1,9 @@
-//! [`Sweeper`]: the Scan and the conditional deletes. The thin I/O shell of the sweep.
+//! [`Sweeper`]: pagination, bounded concurrency and the summary. The requests themselves (the
+//! Scan page and the conditional removal) go through the storage seam ([`Store::scan`],
+//! [`Store::sweep_dead`]), so the simulation runs this very code against its model.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use futures::StreamExt;
 use tokio::sync::Semaphore;
@@ -13,19 +11,25 @@ use tokio::time::Instant;
 
 use super::{
     cutoff_ms, is_dead, ResumePoint, RowOutcome, ScanKey, SweepOptions, SweepSummary, BACKOFF_BASE,
-    BACKOFF_MAX, DELETE_CONDITION, FILTER, MAX_ATTEMPTS, PROJECTION,
+    BACKOFF_MAX, MAX_ATTEMPTS,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
-use crate::liveness::backoff;
-use crate::schema::{self, n, queue_sk, s, QueueRow, COUNTER_SK, PK, QUEUE_PREFIX, SK};
-use crate::storage::Failure;
-use crate::store::Dynamo;
+use crate::retry::Policy;
+use crate::schema::{self, QueueRow, COUNTER_SK, PK, QUEUE_PREFIX, SK};
+use crate::storage::{Dynamo, Failure, Item, ScanRequest, StaleDelete, Storage, Store, SweepDead};
+
+/// The sweeper's retries: on top of the SDK's own, within the sweep's budget.
+const RETRY: Policy = Policy {
+    base: BACKOFF_BASE,
+    max: BACKOFF_MAX,
+    attempts: MAX_ATTEMPTS,
+};
 
 /// Scans the lock table and removes dead queue rows. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Sweeper {
-    store: Dynamo,
+    store: Store,
     clock: Arc<dyn Clock>,
 }
 
@@ -38,8 +42,14 @@ struct Candidate {
 impl Sweeper {
     /// A sweeper for `table`, using the system clock.
     pub fn new(client: Client, table: impl AsRef<str>) -> Sweeper {
+        let table = table.as_ref();
+        Sweeper::on(Arc::new(Dynamo::new(client, table)), table)
+    }
+
+    /// A sweeper for `table` behind any storage (the simulation passes its model's endpoint).
+    pub(crate) fn on(storage: Arc<dyn Storage>, table: &str) -> Sweeper {
         Sweeper {
-            store: Dynamo::new(client, table.as_ref()),
+            store: Store::new(storage, table),
             clock: Arc::new(SystemClock),
         }
     }
@@ -111,7 +121,7 @@ impl Sweeper {
                 tally.resume.push(unfinished);
                 return Ok(tally);
             }
-            let cutoff = cutoff_ms(self.clock.wall_ms(), opts.grace);
+            let cutoff = cutoff_ms(self.clock.wall_ms(), grace(opts));
             let page = match self
                 .scan_page(opts, &point, start.as_ref(), cutoff, deadline)
                 .await
@@ -149,24 +159,19 @@ impl Sweeper {
     }
 
     /// Decodes and judges one returned item; `Some` if it is a dead queue row.
-    fn judge(
-        &self,
-        item: &HashMap<String, AttributeValue>,
-        cutoff: i64,
-        tally: &mut SweepSummary,
-    ) -> Option<Candidate> {
-        let key = match item.get(PK) {
-            Some(AttributeValue::S(k)) => k.clone(),
+    fn judge(&self, item: &Item, cutoff: i64, tally: &mut SweepSummary) -> Option<Candidate> {
+        let key = match item.get(PK).and_then(|k| k.as_s().ok()) {
+            Some(k) => k.clone(),
             _ => {
                 tally.counters_skipped += 1;
                 return None;
             }
         };
         // A queue row, or a counter whose seat is taken (see `schema`).
-        let is_queue_row = match item.get(SK) {
-            Some(AttributeValue::S(sk)) if sk.starts_with(QUEUE_PREFIX) => true,
-            Some(AttributeValue::S(sk)) => sk == COUNTER_SK && item.contains_key(schema::OWNER),
-            _ => false,
+        let is_queue_row = match item.get(SK).and_then(|sk| sk.as_s().ok()) {
+            Some(sk) if sk.starts_with(QUEUE_PREFIX) => true,
+            Some(sk) => sk == COUNTER_SK && item.contains_key(schema::OWNER),
+            None => false,
         };
         if !is_queue_row {
             tally.counters_skipped += 1;
@@ -244,20 +249,7 @@ impl Sweeper {
         }
     }
 
-    /// Sleeps before retry `attempt`; false if that would pass the deadline or the attempts
-    /// are used up.
-    async fn pause(&self, attempt: u32, deadline: Option<Instant>) -> bool {
-        if attempt >= MAX_ATTEMPTS {
-            return false;
-        }
-        let wait = backoff(attempt, BACKOFF_BASE, BACKOFF_MAX, rand::random::<f64>());
-        if deadline.is_some_and(|d| self.clock.now() + wait >= d) {
-            return false;
-        }
-        tokio::time::sleep(wait).await;
-        true
-    }
-
+    /// One Scan page, retried within the budget.
     async fn scan_page(
         &self,
         opts: &SweepOptions,
@@ -266,190 +258,89 @@ impl Sweeper {
         cutoff: i64,
         deadline: Option<Instant>,
     ) -> Result<Page, Failure> {
+        let request = ScanRequest {
+            segment: point.segment,
+            total_segments: point.total_segments,
+            start: start.map(ScanKey::to_item),
+            limit: opts.page_size,
+            cutoff_ms: cutoff,
+        };
         let mut attempt = 0;
         loop {
-            let mut req = self
-                .store
-                .client()
-                .scan()
-                .table_name(self.store.table())
-                .filter_expression(FILTER)
-                .projection_expression(PROJECTION)
-                .set_expression_attribute_names(Some(scan_names()))
-                .expression_attribute_values(":q", s(QUEUE_PREFIX))
-                .expression_attribute_values(":counter", s(COUNTER_SK))
-                .expression_attribute_values(":cutoff", n(cutoff))
-                .consistent_read(false)
-                .set_exclusive_start_key(start.map(ScanKey::to_item))
-                .set_limit(opts.page_size.map(|l| i32::try_from(l).unwrap_or(i32::MAX)));
-            if point.total_segments > 1 {
-                req = req
-                    .segment(i32::try_from(point.segment).unwrap_or(0))
-                    .total_segments(i32::try_from(point.total_segments).unwrap_or(1));
-            }
-            let failure = match req.send().await {
-                Ok(out) => {
-                    let last_key = match out.last_evaluated_key {
-                        Some(k) if !k.is_empty() => {
-                            Some(ScanKey::from_item(&k).map_err(Failure::Fatal)?)
-                        }
-                        _ => None,
+            let failure = match self.store.scan(request.clone()).await {
+                Ok((items, scanned, next)) => {
+                    let last_key = match next {
+                        Some(k) => Some(ScanKey::from_item(&k).map_err(Failure::Fatal)?),
+                        None => None,
                     };
                     return Ok(Page {
-                        scanned: u64::try_from(out.scanned_count).unwrap_or(0),
-                        items: out.items.unwrap_or_default(),
+                        scanned,
+                        items,
                         last_key,
                     });
                 }
-                Err(e) => self.store.classify("Scan", e),
+                Err(f) => f,
             };
-            if matches!(failure, Failure::Fatal(_)) || !self.pause(attempt, deadline).await {
+            if !RETRY.pause(&failure, attempt, deadline, &*self.clock).await {
                 return Err(failure);
             }
-            tracing::debug!(attempt, "sweep: retrying Scan");
             attempt += 1;
         }
     }
 
     /// Removes one dead entry (deletes its row, or vacates its seat), only if it is still the
-    /// entry we read, retrying transient failures within the budget.
+    /// entry we read and still dead, retrying transient failures within the budget.
     async fn delete_dead(
         &self,
         c: &Candidate,
         cutoff: i64,
         deadline: Option<Instant>,
     ) -> Result<RowOutcome, Failure> {
-        let operation = if c.row.seat {
-            "UpdateItem"
-        } else {
-            "DeleteItem"
+        let request = SweepDead {
+            key: c.key.clone(),
+            ticket: c.row.ticket,
+            seat: c.row.seat,
+            owner: c.row.owner.clone(),
+            rvn: c.row.rvn.clone(),
+            cutoff_ms: cutoff,
         };
         let mut attempt = 0;
         loop {
-            let attempted = if c.row.seat {
-                self.vacate_dead(c, cutoff).await
-            } else {
-                self.delete_dead_row(c, cutoff).await
-            };
-            let failure = match attempted {
-                Ok(outcome) => return Ok(outcome),
+            let failure = match self.store.sweep_dead(request.clone()).await {
+                Ok(StaleDelete::Deleted) => return Ok(RowOutcome::Deleted),
+                Ok(StaleDelete::Revived) => return Ok(RowOutcome::Revived),
+                Ok(StaleDelete::Gone) => return Ok(RowOutcome::AlreadyGone),
                 Err(f) => f,
             };
-            if matches!(failure, Failure::Fatal(_)) || !self.pause(attempt, deadline).await {
+            if !RETRY.pause(&failure, attempt, deadline, &*self.clock).await {
                 return Err(failure);
             }
-            tracing::debug!(key = %c.key, ticket = c.row.ticket, attempt, operation, "sweep: retrying");
             attempt += 1;
         }
     }
+}
 
-    /// One conditional `DeleteItem` of a dead row.
-    async fn delete_dead_row(&self, c: &Candidate, cutoff: i64) -> Result<RowOutcome, Failure> {
-        let result = self
-            .store
-            .client()
-            .delete_item()
-            .table_name(self.store.table())
-            .key(PK, s(&c.key))
-            .key(SK, s(&queue_sk(c.row.ticket)))
-            .condition_expression(DELETE_CONDITION)
-            .expression_attribute_names("#owner", schema::OWNER)
-            .expression_attribute_names("#rvn", schema::RVN)
-            .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
-            .expression_attribute_values(":owner", s(&c.row.owner))
-            .expression_attribute_values(":rvn", s(&c.row.rvn))
-            .expression_attribute_values(":cutoff", n(cutoff))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(RowOutcome::Deleted),
-            Err(e) => match e.as_service_error() {
-                Some(DeleteItemError::ConditionalCheckFailedException(f)) => Ok(match f.item() {
-                    // Still there but no longer the row we read: heartbeated.
-                    Some(_) => RowOutcome::Revived,
-                    // Absent. (A retried delete whose first attempt succeeded but whose
-                    // response was lost also lands here: gone either way.)
-                    None => RowOutcome::AlreadyGone,
-                }),
-                _ => Err(self.store.classify("DeleteItem", e)),
-            },
-        }
+/// The sweep's grace (under the test-only mutant: none).
+fn grace(opts: &SweepOptions) -> std::time::Duration {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::SweepWithoutGrace) {
+        return std::time::Duration::ZERO;
     }
-
-    /// One `UpdateItem` that empties a dead seat (the counter stays), only if it still holds the
-    /// entry we read: [`DELETE_CONDITION`] in the placeholders the removal uses (one per
-    /// attribute).
-    async fn vacate_dead(&self, c: &Candidate, cutoff: i64) -> Result<RowOutcome, Failure> {
-        let (names, remove) = schema::seat_placeholders();
-        let condition = DELETE_CONDITION
-            .replace("#owner", &schema::seat_placeholder(schema::OWNER))
-            .replace("#rvn", &schema::seat_placeholder(schema::RVN))
-            .replace("#until", &schema::seat_placeholder(schema::LEASE_UNTIL_MS));
-        let result = self
-            .store
-            .client()
-            .update_item()
-            .table_name(self.store.table())
-            .key(PK, s(&c.key))
-            .key(SK, s(COUNTER_SK))
-            .update_expression(remove)
-            .condition_expression(condition)
-            .set_expression_attribute_names(Some(names))
-            .expression_attribute_values(":owner", s(&c.row.owner))
-            .expression_attribute_values(":rvn", s(&c.row.rvn))
-            .expression_attribute_values(":cutoff", n(cutoff))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(RowOutcome::Deleted),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(f)) => {
-                    // Still our entry, heartbeated; or the seat is empty or someone else's.
-                    let same_owner = f
-                        .item()
-                        .and_then(|i| i.get(schema::OWNER))
-                        .is_some_and(|o| o.as_s().is_ok_and(|o| *o == c.row.owner));
-                    Ok(if same_owner {
-                        RowOutcome::Revived
-                    } else {
-                        RowOutcome::AlreadyGone
-                    })
-                }
-                _ => Err(self.store.classify("UpdateItem", e)),
-            },
-        }
-    }
+    opts.grace
 }
 
 /// One Scan page.
 struct Page {
     scanned: u64,
-    items: Vec<HashMap<String, AttributeValue>>,
+    items: Vec<Item>,
     last_key: Option<ScanKey>,
-}
-
-fn scan_names() -> HashMap<String, String> {
-    [
-        ("#pk", PK),
-        ("#sk", SK),
-        ("#ticket", schema::TICKET),
-        ("#owner", schema::OWNER),
-        ("#until", schema::LEASE_UNTIL_MS),
-        ("#leaseMs", schema::LEASE_MS),
-        ("#exp", schema::EXPIRES_AT),
-        ("#clockFree", schema::CLOCK_FREE),
-        ("#rvn", schema::RVN),
-    ]
-    .into_iter()
-    .map(|(a, b)| (a.to_owned(), b.to_owned()))
-    .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::{DELETE_CONDITION, FILTER, PROJECTION};
+    use crate::schema::{self, PK, SK};
+    use crate::storage::scan_names;
 
     #[test]
     fn expressions_name_every_placeholder() {

@@ -22,12 +22,13 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use crate::error::{BoxError, Error};
-use crate::schema::{self, n, s, PK};
-use crate::storage::{
+use super::answers::{enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused};
+use super::{
     counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal,
-    Request, Response, StaleDelete, Storage,
+    Request, Response, ScanRequest, StaleDelete, Storage,
 };
+use crate::error::{BoxError, Error};
+use crate::schema::{self, n, s, PK, SK};
 
 /// A lock table in DynamoDB, reached through `client`.
 #[derive(Clone, Debug)]
@@ -73,9 +74,20 @@ impl Storage for Dynamo {
                     seat,
                     rvn,
                 } => this
-                    .delete_stale(&key, ticket, seat, &rvn)
+                    .remove_dead(&key, ticket, seat, &rvn, None)
                     .await
                     .map(Response::StaleDelete),
+                Request::SweepDead(d) => this
+                    .remove_dead(
+                        &d.key,
+                        d.ticket,
+                        d.seat,
+                        &d.rvn,
+                        Some((&d.owner, d.cutoff_ms)),
+                    )
+                    .await
+                    .map(Response::StaleDelete),
+                Request::Scan(r) => this.scan(r).await,
                 Request::Heartbeat(beat) => this.heartbeat(&beat).await.map(Response::Renewal),
                 Request::DeleteOwned {
                     key,
@@ -295,52 +307,103 @@ impl Dynamo {
         }
     }
 
-    /// Deletes a row we judged stale, only if it still carries the `rvn` we judged.
-    async fn delete_stale(
+    /// Removes an entry judged dead, only if it still carries the `rvn` that was judged: a
+    /// waiter's removal of a stale entry, or (with `sweep`: the owner read and the cutoff) the
+    /// sweep's, which also requires the same owner and a lease that ended before the cutoff
+    /// ([`DELETE_CONDITION`]).
+    async fn remove_dead(
         &self,
         key: &str,
         ticket: u64,
         seat: bool,
         rvn: &str,
+        sweep: Option<(&str, i64)>,
     ) -> Result<StaleDelete, Failure> {
-        if seat {
-            let result = self
-                .vacate(key, &[(schema::RVN, s(rvn))])
+        let operation = if seat { "UpdateItem" } else { "DeleteItem" };
+        let result = if seat {
+            let mut equal = vec![(schema::RVN, s(rvn))];
+            if let Some((owner, _)) = sweep {
+                equal.push((schema::OWNER, s(owner)));
+            }
+            self.vacate(key, &equal, sweep.map(|(_, cutoff)| cutoff))
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
                 .send()
-                .await;
-            return match result {
-                Ok(_) => Ok(StaleDelete::Deleted),
-                Err(e) => match e.as_service_error() {
+                .await
+                .map(drop)
+                .map_err(|e| match e.as_service_error() {
                     Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
                         Ok(seat_judged(c.item(), ticket))
                     }
-                    _ => Err(self.classify("UpdateItem", e)),
-                },
+                    _ => Err(self.classify(operation, e)),
+                })
+        } else {
+            let mut delete = self
+                .client
+                .delete_item()
+                .table_name(&*self.table)
+                .set_key(Some(row_key(key, ticket)))
+                .expression_attribute_names("#rvn", schema::RVN)
+                .expression_attribute_values(":rvn", s(rvn))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                );
+            delete = match sweep {
+                None => delete.condition_expression(stale_condition()),
+                Some((owner, cutoff)) => delete
+                    .condition_expression(DELETE_CONDITION)
+                    .expression_attribute_names("#owner", schema::OWNER)
+                    .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
+                    .expression_attribute_values(":owner", s(owner))
+                    .expression_attribute_values(":cutoff", n(cutoff)),
             };
-        }
-        let result = self
-            .client
-            .delete_item()
-            .table_name(&*self.table)
-            .set_key(Some(row_key(key, ticket)))
-            .condition_expression(stale_condition())
-            .expression_attribute_names("#rvn", schema::RVN)
-            .expression_attribute_values(":rvn", s(rvn))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
+            delete
+                .send()
+                .await
+                .map(drop)
+                .map_err(|e| match e.as_service_error() {
+                    // Still there (heartbeated, or another owner's), or gone. A retried removal
+                    // whose first attempt landed but whose answer was lost is gone either way.
+                    Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
+                        Ok(row_judged(c.item()))
+                    }
+                    _ => Err(self.classify(operation, e)),
+                })
+        };
         match result {
-            Ok(_) => Ok(StaleDelete::Deleted),
-            Err(e) => match e.as_service_error() {
-                Some(DeleteItemError::ConditionalCheckFailedException(c)) => Ok(match c.item() {
-                    Some(_) => StaleDelete::Revived,
-                    None => StaleDelete::Gone,
-                }),
-                _ => Err(self.classify("DeleteItem", e)),
-            },
+            Ok(()) => Ok(StaleDelete::Deleted),
+            Err(judged) => judged,
+        }
+    }
+
+    /// One page of the sweep's `Scan` (see [`ScanRequest`]).
+    async fn scan(&self, r: ScanRequest) -> Result<Response, Failure> {
+        let mut req = self
+            .client
+            .scan()
+            .table_name(&*self.table)
+            .filter_expression(FILTER)
+            .projection_expression(PROJECTION)
+            .set_expression_attribute_names(Some(scan_names()))
+            .expression_attribute_values(":q", s(schema::QUEUE_PREFIX))
+            .expression_attribute_values(":counter", s(schema::COUNTER_SK))
+            .expression_attribute_values(":cutoff", n(r.cutoff_ms))
+            .consistent_read(false)
+            .set_exclusive_start_key(r.start)
+            .set_limit(r.limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)));
+        if r.total_segments > 1 {
+            req = req
+                .segment(i32::try_from(r.segment).unwrap_or(0))
+                .total_segments(i32::try_from(r.total_segments).unwrap_or(1));
+        }
+        match req.send().await {
+            Ok(out) => Ok(Response::Scanned {
+                scanned: u64::try_from(out.scanned_count).unwrap_or(0),
+                items: out.items.unwrap_or_default(),
+                next: out.last_evaluated_key.filter(|k| !k.is_empty()),
+            }),
+            Err(e) => Err(self.classify("Scan", e)),
         }
     }
 
@@ -420,6 +483,7 @@ impl Dynamo {
                 .vacate(
                     key,
                     &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))],
+                    None,
                 )
                 .customize()
                 .config_override(no_sdk_retry)
@@ -460,6 +524,7 @@ impl Dynamo {
         &self,
         key: &str,
         equal: &[(&str, aws_sdk_dynamodb::types::AttributeValue)],
+        lease_before: Option<i64>,
     ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
         let (names, remove) = schema::seat_placeholders();
         // One placeholder per attribute: the condition uses the one the removal does.
@@ -472,12 +537,20 @@ impl Dynamo {
         #[cfg(test)]
         if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner)
             && equal.iter().any(|(a, _)| *a == schema::OWNER)
+            && lease_before.is_none()
         {
             terms = vec![format!(
                 "attribute_exists({})",
                 schema::seat_placeholder(schema::OWNER)
             )];
             values.clear();
+        }
+        if let Some(cutoff) = lease_before {
+            terms.push(format!(
+                "{} < :cutoff",
+                schema::seat_placeholder(schema::LEASE_UNTIL_MS)
+            ));
+            values.insert(":cutoff".to_owned(), n(cutoff));
         }
         let mut update = self
             .client
@@ -621,6 +694,32 @@ fn stale_condition() -> &'static str {
     "#rvn = :rvn"
 }
 
+// The sweep's expressions (re-exported by `crate::sweep`, which documents what a sweep does).
+
+/// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
+pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
+/// The scan's projection: exactly what [`crate::schema::QueueRow::from_item`] needs.
+pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
+/// The delete's condition: still the dead row that was read.
+pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
+/// The placeholders of [`FILTER`], [`PROJECTION`] and [`DELETE_CONDITION`].
+pub(crate) fn scan_names() -> HashMap<String, String> {
+    [
+        ("#pk", PK),
+        ("#sk", SK),
+        ("#ticket", schema::TICKET),
+        ("#owner", schema::OWNER),
+        ("#until", schema::LEASE_UNTIL_MS),
+        ("#leaseMs", schema::LEASE_MS),
+        ("#exp", schema::EXPIRES_AT),
+        ("#clockFree", schema::CLOCK_FREE),
+        ("#rvn", schema::RVN),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect()
+}
+
 /// The heartbeat's condition: the row is ours, and its lease is not later than the one we write.
 pub(crate) const HEARTBEAT_CONDITION: &str = "#owner = :owner AND #until <= :until";
 
@@ -632,63 +731,6 @@ fn heartbeat_condition() -> &'static str {
         return "#owner = :owner AND #until = #until";
     }
     HEARTBEAT_CONDITION
-}
-
-/// What a refused heartbeat means, from the item the condition failed on.
-pub(crate) fn renewal_refused(item: Option<&crate::storage::Item>, owner: &str) -> Renewal {
-    let ours = item
-        .and_then(|it| it.get(schema::OWNER))
-        .is_some_and(|o| o.as_s().is_ok_and(|o| o == owner));
-    if ours {
-        Renewal::Superseded
-    } else {
-        Renewal::Gone
-    }
-}
-
-/// What a refused seat enqueue means, from the counter as it stood (`ALL_OLD`): the seat ours
-/// (an earlier attempt of this request landed), or the counter as it is.
-pub(crate) fn seat_refused(
-    r: &EnqueueRequest,
-    counter: Option<&crate::storage::Item>,
-) -> Result<Enqueue, Failure> {
-    let Some(item) = counter else {
-        return Ok(Enqueue::CounterAt(None));
-    };
-    if let Some(ours) = ours(r, item) {
-        return Ok(ours);
-    }
-    let snap = crate::schema::Snapshot::from_items(&r.key, [item]).map_err(Failure::Fatal)?;
-    Ok(Enqueue::CounterAt(snap.counter))
-}
-
-/// Whether the entry `item` (as it stood when our write was refused) is ours: this very
-/// request's version ([`Enqueue::AlreadyOurs`]), or one an earlier request of ours wrote
-/// ([`Enqueue::OursOlder`]).
-fn ours(r: &EnqueueRequest, item: &crate::storage::Item) -> Option<Enqueue> {
-    let text =
-        |it: &crate::storage::Item, name: &str| it.get(name).and_then(|v| v.as_s().ok()).cloned();
-    if text(item, schema::OWNER).as_deref() != Some(r.owner.as_str()) {
-        return None;
-    }
-    Some(if text(item, schema::RVN) == text(&r.row, schema::RVN) {
-        Enqueue::AlreadyOurs
-    } else {
-        Enqueue::OursOlder
-    })
-}
-
-/// What a refused stale-seat removal means, from the counter as it stood: the seat still holds
-/// the entry judged (`ticket`) with a new version (`Revived`), or it holds another entry or none.
-pub(crate) fn seat_judged(counter: Option<&crate::storage::Item>, ticket: u64) -> StaleDelete {
-    let same = counter
-        .and_then(|c| c.get(schema::TICKET))
-        .is_some_and(|t| t.as_n().is_ok_and(|t| t.parse() == Ok(ticket)));
-    if same {
-        StaleDelete::Revived
-    } else {
-        StaleDelete::Gone
-    }
 }
 
 /// The counter half of an enqueue: `SET last, lastOwner`, its names and values.
@@ -723,38 +765,4 @@ fn counter_condition(r: &EnqueueRequest) -> &'static str {
         Some(_) => "#last = :expected AND #by = :by",
         None => "#last = :expected AND attribute_not_exists(#by)",
     }
-}
-
-/// What a cancelled enqueue transaction means, from its two cancellation reasons (code and the
-/// item the condition failed on: the counter's, then the row's). `None`: none of the protocol's
-/// outcomes; the caller classifies the error.
-pub(crate) fn enqueue_outcome(
-    r: &EnqueueRequest,
-    reasons: &[(&str, Option<&crate::storage::Item>)],
-) -> Result<Option<Enqueue>, Failure> {
-    let code = |i: usize| reasons.get(i).map_or("None", |r| r.0);
-    let item = |i: usize| reasons.get(i).and_then(|r| r.1);
-    if code(1) == "ConditionalCheckFailed" {
-        if let Some(ours) = item(1).and_then(|it| ours(r, it)) {
-            return Ok(Some(ours));
-        }
-    }
-    if code(0) == "ConditionalCheckFailed" {
-        let last = match item(0) {
-            None => None,
-            Some(it) => {
-                crate::schema::Snapshot::from_items(&r.key, [it])
-                    .map_err(Failure::Fatal)?
-                    .counter
-            }
-        };
-        return Ok(Some(Enqueue::CounterAt(last)));
-    }
-    if code(1) == "ConditionalCheckFailed" {
-        return Ok(Some(Enqueue::TicketTaken));
-    }
-    if reasons.iter().any(|r| r.0 == "TransactionConflict") {
-        return Ok(Some(Enqueue::Conflict));
-    }
-    Ok(None)
 }

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use crate::heartbeat::millis;
-use crate::schema::{HolderInfo, Snapshot};
+use crate::clock::millis;
+use crate::holder::HolderInfo;
+use crate::schema::Snapshot;
 
 /// One row of [`Locker::queue`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -4,7 +4,7 @@
 //! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two
 //! implementations exist:
 //!
-//! - [`crate::store::Dynamo`]: one DynamoDB API call per request (production, and every test
+//! - [`Dynamo`] (`dynamo.rs`): one DynamoDB API call per request (production, and every test
 //!   against DynamoDB Local and moto);
 //! - `sim::model` (tests only): an in-memory model of one table with the semantics the lock relies
 //!   on, behind a simulated network, so a seeded scheduler can drive the *same protocol code*
@@ -17,6 +17,14 @@
 //!
 //! [`Store`] is the protocol's handle: the storage, plus typed helpers that make one request each
 //! and unpack its answer, plus the tracker of background releases.
+
+pub(crate) mod answers;
+mod dynamo;
+
+#[cfg(test)]
+pub(crate) use dynamo::scan_names;
+pub(crate) use dynamo::Dynamo;
+pub use dynamo::{DELETE_CONDITION, FILTER, PROJECTION};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -57,6 +65,10 @@ pub(crate) enum Request {
         /// The record version that was judged stale.
         rvn: String,
     },
+    /// The sweep's removal of a dead entry (see [`SweepDead`]).
+    SweepDead(SweepDead),
+    /// One page of the sweep's eventually consistent `Scan` (see [`ScanRequest`]).
+    Scan(ScanRequest),
     /// `UpdateItem` renewing our row (see [`Beat`]).
     Heartbeat(Beat),
     /// `PutItem` of a key's counter, only if it does not exist (`attribute_not_exists(pk)`).
@@ -98,7 +110,11 @@ impl Request {
             Request::DeleteStale { seat: true, .. } | Request::DeleteOwned { seat: true, .. } => {
                 "UpdateItem"
             }
-            Request::DeleteStale { .. } | Request::DeleteOwned { .. } => "DeleteItem",
+            Request::SweepDead(d) if d.seat => "UpdateItem",
+            Request::DeleteStale { .. } | Request::DeleteOwned { .. } | Request::SweepDead(_) => {
+                "DeleteItem"
+            }
+            Request::Scan(_) => "Scan",
             Request::Heartbeat(_) => "UpdateItem",
             Request::CreateCounter { .. } => "PutItem",
         }
@@ -159,6 +175,43 @@ pub(crate) struct EnqueueRequest {
     pub seat: bool,
 }
 
+/// The sweep's conditional removal of a dead entry: `DeleteItem` of its row (for the seat:
+/// `UpdateItem` of the counter removing the seat's attributes), only if it is still the entry the
+/// scan read *and* still dead: same `owner`, same `rvn`, `leaseUntilMs` before the cutoff
+/// ([`crate::sweep::DELETE_CONDITION`]). The answer is a [`StaleDelete`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SweepDead {
+    /// Lock key.
+    pub key: String,
+    /// The entry's ticket.
+    pub ticket: u64,
+    /// The entry is the counter's seat.
+    pub seat: bool,
+    /// The entry's owner, as read.
+    pub owner: String,
+    /// The entry's record version, as read.
+    pub rvn: String,
+    /// The sweep's cutoff, epoch ms: the stored lease must end before it.
+    pub cutoff_ms: i64,
+}
+
+/// One page of the sweep's `Scan`: eventually consistent, filtered to queue rows and taken seats
+/// whose lease ended before `cutoff_ms` ([`crate::sweep::FILTER`]), projected to what
+/// [`crate::schema::QueueRow::from_item`] needs ([`crate::sweep::PROJECTION`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ScanRequest {
+    /// This segment (0 when the scan is not split).
+    pub segment: u32,
+    /// Number of segments (1: not split).
+    pub total_segments: u32,
+    /// `ExclusiveStartKey`; `None` for the first page.
+    pub start: Option<Item>,
+    /// `Limit`: items read (before the filter) per page; `None`: up to 1 MB.
+    pub limit: Option<u32>,
+    /// Rows whose lease ended before this, epoch ms, are returned.
+    pub cutoff_ms: i64,
+}
+
 /// One heartbeat: `UpdateItem` of our row, conditioned on `owner` *and* on the stored lease not
 /// being later than the one we write (`leaseUntilMs <= :until`). The owner condition keeps a late
 /// heartbeat from bringing back a row that was deleted; the lease condition keeps a delayed older
@@ -194,9 +247,19 @@ pub(crate) enum Response {
         /// `LastEvaluatedKey`.
         next: Option<Item>,
     },
+    /// A page of a `Scan`: the items that passed the filter, how many were read, and where the
+    /// next page starts (`None`: last page).
+    Scanned {
+        /// Items of this page that passed the filter.
+        items: Vec<Item>,
+        /// `ScannedCount`: items read, before the filter.
+        scanned: u64,
+        /// `LastEvaluatedKey`.
+        next: Option<Item>,
+    },
     /// Outcome of [`Request::Enqueue`].
     Enqueue(Enqueue),
-    /// Outcome of [`Request::DeleteStale`].
+    /// Outcome of [`Request::DeleteStale`] and [`Request::SweepDead`].
     StaleDelete(StaleDelete),
     /// Outcome of [`Request::Heartbeat`].
     Renewal(Renewal),
@@ -459,6 +522,29 @@ impl Store {
             rvn: rvn.to_owned(),
         };
         match self.call(request).await? {
+            Response::StaleDelete(o) => Ok(o),
+            other => Err(Self::wrong("DeleteItem", other)),
+        }
+    }
+
+    /// One page of the sweep's `Scan`: the items, how many were read, where the next page starts.
+    pub(crate) async fn scan(
+        &self,
+        request: ScanRequest,
+    ) -> Result<(Vec<Item>, u64, Option<Item>), Failure> {
+        match self.call(Request::Scan(request)).await? {
+            Response::Scanned {
+                items,
+                scanned,
+                next,
+            } => Ok((items, scanned, next.filter(|k| !k.is_empty()))),
+            other => Err(Self::wrong("Scan", other)),
+        }
+    }
+
+    /// The sweep's conditional removal of a dead entry.
+    pub(crate) async fn sweep_dead(&self, request: SweepDead) -> Result<StaleDelete, Failure> {
+        match self.call(Request::SweepDead(request)).await? {
             Response::StaleDelete(o) => Ok(o),
             other => Err(Self::wrong("DeleteItem", other)),
         }

@@ -1,0 +1,513 @@
+//! The enqueue: one acquisition's state ([`Attempt`]), its survey of the queue, and the atomic
+//! write that takes a ticket (or the seat), with the removal of what a dropped attempt may have
+//! written.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::clock::Clock;
+use crate::clock::{millis, new_id};
+use crate::error::{Error, HeldBy};
+use crate::heartbeat::{delete_with_retry, Membership, Timing, Written};
+use crate::liveness::{backoff, jittered, Verdict};
+use crate::options::{LockOptions, Wait};
+use crate::schema::{Counter, NewRow, QueueRow, Snapshot};
+use crate::storage::{Enqueue, EnqueueRequest, StaleDelete, Store};
+
+/// The state of one `acquire` call.
+pub(super) struct Attempt<'a> {
+    pub(super) locker: &'a Locker,
+    pub(super) key: &'a str,
+    pub(super) opts: &'a LockOptions,
+    pub(super) started: Instant,
+    pub(super) deadline: Option<Instant>,
+    /// The highest ticket seen on the key (counter or row) during this call. Every ticket we
+    /// take is above it.
+    pub(super) max_seen: u64,
+    /// The lowest and highest tickets the enqueue's read found: the wait starts from them (our
+    /// ticket minus the lowest rows ahead at most; the highest right ahead of ours if it is the
+    /// ticket below) instead of looking again at once.
+    pub(super) surveyed: Option<(u64, u64)>,
+}
+
+/// Where the expected counter value came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    Hint,
+    Read,
+}
+
+/// An enqueue whose request may be on the wire: if the acquisition is dropped before it turns
+/// into a [`Membership`], the row it may have written is deleted in the background — at once,
+/// and again once the request can no longer land (after the attempt timeout), so a transaction
+/// that was still in flight cannot leave an orphan behind.
+pub(super) struct InFlight {
+    pub(super) store: Store,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) key: String,
+    pub(super) owner: String,
+    /// Entries (ticket, seat) that an unanswered or ambiguous request may have written.
+    pub(super) tickets: Vec<(u64, bool)>,
+}
+
+impl InFlight {
+    /// The rows that may exist, now that nobody will heartbeat them: removed in the background.
+    pub(super) fn abandon(&mut self) {
+        let tickets = std::mem::take(&mut self.tickets);
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+            return;
+        }
+        if tickets.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, clock, key, owner) = (
+            self.store.clone(),
+            self.clock.clone(),
+            self.key.clone(),
+            self.owner.clone(),
+        );
+        let tracker = store.background().clone();
+        tracker.spawn_on(
+            async move {
+                for pass in 0..2 {
+                    if pass == 1 {
+                        tokio::time::sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
+                    }
+                    for &(t, seat) in &tickets {
+                        if let Err(e) = delete_with_retry(&store, &*clock, &key, t, seat, &owner).await {
+                            tracing::warn!(key = %key, ticket = t, error = %e, "could not remove a possibly written row; it goes stale after one lease");
+                        }
+                    }
+                }
+            },
+            &rt,
+        );
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}
+
+/// A prepared enqueue: one ticket, one token, one byte-identical request, and the lease it
+/// writes. Retries of an ambiguous attempt resend exactly this (a changed request under the
+/// same `ClientRequestToken` is an `IdempotentParameterMismatch` on DynamoDB, and on a server
+/// that ignores tokens the lease we would believe in would not be the one stored).
+pub(super) struct Prepared {
+    pub(super) request: EnqueueRequest,
+    /// Monotonic instant before the first send.
+    pub(super) first_sent: Instant,
+    /// Wall time the row's lease was computed from.
+    pub(super) wall: i64,
+    pub(super) lease_until_ms: i64,
+    pub(super) granted: bool,
+}
+
+impl Attempt<'_> {
+    pub(super) fn now(&self) -> Instant {
+        self.locker.clock.now()
+    }
+
+    pub(super) fn timed_out(&self) -> bool {
+        self.deadline.is_some_and(|d| self.now() >= d)
+    }
+
+    /// Until when transient failures are retried.
+    pub(super) fn retry_budget(&self) -> Instant {
+        let floor = self.now() + MIN_RETRY_BUDGET;
+        match self.deadline {
+            Some(d) => d.max(floor),
+            None => self.now() + Duration::from_secs(3600),
+        }
+    }
+
+    pub(super) fn busy(&self, holder: Option<&QueueRow>) -> Error {
+        Error::Busy {
+            key: self.key.to_owned(),
+            waited: self.now().duration_since(self.started),
+            holder: holder.map(|r| {
+                Box::new(HeldBy {
+                    ticket: r.ticket,
+                    owner: r.owner.clone(),
+                    info: r.holder.clone(),
+                })
+            }),
+        }
+    }
+
+    /// Reads the queue and removes stale rows ahead of `below` (all rows if `None`). Returns the
+    /// snapshot and the first live row ahead, if any.
+    pub(super) async fn survey(
+        &mut self,
+        below: Option<u64>,
+    ) -> Result<(Snapshot, Option<QueueRow>), Error> {
+        let asked = self.now();
+        let snap = self
+            .locker
+            .read_with_retry(self.key, self.retry_budget())
+            .await?;
+        self.max_seen = self
+            .max_seen
+            .max(snap.counter.as_ref().map_or(0, |c| c.last))
+            .max(snap.rows.last().map_or(0, |r| r.ticket));
+        let mut first_live = None;
+        for row in snap
+            .rows
+            .iter()
+            .filter(|r| below.is_none_or(|b| r.ticket < b))
+        {
+            if self.alive(row, asked).await? {
+                first_live = Some(row.clone());
+                break; // one live row ahead is enough to wait; rows behind it are its business
+            }
+        }
+        Ok((snap, first_live))
+    }
+
+    /// Whether a row ahead of us is live, from a read first sent at `asked`. A stale one is
+    /// passed over: deleted conditionally on the `rvn` judged; only a heartbeat that landed
+    /// first (`Revived`) keeps it live.
+    pub(super) async fn alive(&self, row: &QueueRow, asked: Instant) -> Result<bool, Error> {
+        match self.judge(row, asked) {
+            #[cfg(test)]
+            Verdict::Live
+                if row.acquired_at_ms.is_none()
+                    && !row.seat
+                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitersAheadIgnored) =>
+            {
+                Ok(false)
+            }
+            Verdict::Live => Ok(true),
+            #[cfg(test)]
+            Verdict::Stale
+                if self.opts.wait == Wait::NoWait
+                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::SkipTrustsEveryRow) =>
+            {
+                Ok(true)
+            }
+            Verdict::Stale => {
+                let outcome = self.delete_stale(row).await?;
+                tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
+                Ok(outcome == StaleDelete::Revived)
+            }
+        }
+    }
+
+    pub(super) fn judge(&self, row: &QueueRow, asked: Instant) -> Verdict {
+        let (wall, now) = (self.locker.clock.wall_ms(), self.now());
+        match self.locker.observer.lock() {
+            Ok(mut o) => {
+                o.forget_old(now);
+                o.judge_read(row, wall, asked, now, self.opts.clock_skew)
+            }
+            // A poisoned observer (a panic elsewhere) knows nothing: the row is live.
+            Err(_) => Verdict::Live,
+        }
+    }
+
+    /// Whether a live row ahead makes a `wait = 0` caller busy now. Bounded mode decides from one
+    /// read. Clock-free mode cannot: a row seen once may belong to a dead owner, and only an
+    /// unchanged `rvn` for a whole lease says so. It says busy once the row has been seen to
+    /// change since a sighting less than a lease ago (its owner lived within the lease: at most
+    /// one heartbeat interval of watching), and otherwise keeps watching until the row goes
+    /// stale and is passed over.
+    pub(super) fn busy_now(&self, head: &QueueRow) -> bool {
+        if !self.opts.clock_free() {
+            return true;
+        }
+        self.locker
+            .observer
+            .lock()
+            .map_or(true, |o| o.seen_alive(&head.owner, self.now()))
+    }
+
+    pub(super) async fn delete_stale(&self, row: &QueueRow) -> Result<StaleDelete, Error> {
+        let give_up = self.retry_budget();
+        let mut failures = 0;
+        loop {
+            match self
+                .locker
+                .store
+                .delete_stale(self.key, row.ticket, row.seat, &row.rvn)
+                .await
+            {
+                Ok(o) => return Ok(o),
+                Err(f) => {
+                    failures += 1;
+                    retry_pause(f, failures, give_up, &*self.locker.clock).await?;
+                }
+            }
+        }
+    }
+
+    /// Creates the key's missing counter at the highest ticket seen (someone else may create it
+    /// first: fine, the next read sees theirs). Its `lastOwner` carries a fresh id, never our
+    /// owner id: a counter we recreate must not take a value that an earlier request of ours,
+    /// still in flight, is conditioned on (a request that timed out may land after we have
+    /// recreated the counter exactly as it read it).
+    pub(super) async fn create_counter(&self, give_up: Instant) -> Result<(), Error> {
+        let mut failures = 0;
+        loop {
+            match self
+                .locker
+                .store
+                .create_counter(self.key, self.max_seen, &new_id(&*self.locker.clock))
+                .await
+            {
+                Ok(created) => {
+                    tracing::debug!(
+                        key = self.key,
+                        last = self.max_seen,
+                        created,
+                        "counter created"
+                    );
+                    return Ok(());
+                }
+                Err(f) => {
+                    failures += 1;
+                    retry_pause(f, failures, give_up, &*self.locker.clock).await?;
+                }
+            }
+        }
+    }
+
+    /// Builds the request for `ticket` (conditioned on the counter being `counter`).
+    pub(super) fn prepare(
+        &self,
+        owner: &str,
+        ticket: u64,
+        counter: Counter,
+        clear: bool,
+    ) -> Prepared {
+        let opts = self.opts;
+        let clock = &*self.locker.clock;
+        let first_sent = clock.now();
+        let wall = clock.wall_ms();
+        let lease_until_ms = opts.lease_until_ms(wall);
+        let rvn = new_id(clock);
+        let row = NewRow {
+            key: self.key,
+            ticket,
+            owner,
+            lease_until_ms,
+            lease_ms: millis(opts.lease),
+            expires_at: opts.expires_at(lease_until_ms),
+            clock_free: opts.clock_free(),
+            rvn: &rvn,
+            now_ms: wall,
+            granted: clear,
+            holder: &opts.holder,
+        };
+        Prepared {
+            request: EnqueueRequest {
+                key: self.key.to_owned(),
+                ticket,
+                counter,
+                row: row.to_item(),
+                owner: owner.to_owned(),
+                // One token per distinct request (its version is new at every prepare): a
+                // retry resends the same request under the same token, while another request
+                // for the same ticket (after a changed counter) is judged on its own: it meets
+                // `OursOlder`, where a shared token would be refused as an
+                // `IdempotentParameterMismatch`, a fatal error.
+                token: format!("{rvn}{ticket:016x}"),
+                seat: clear,
+            },
+            first_sent,
+            wall,
+            lease_until_ms,
+            granted: clear,
+        }
+    }
+
+    /// Puts our row in the queue. Returns it, and whether the queue was clear (we hold the key).
+    pub(super) async fn enqueue(&mut self) -> Result<(Membership, bool), Error> {
+        let opts = self.opts;
+        let clock = self.locker.clock.clone();
+        let owner = new_id(&*clock);
+        let mut in_flight = InFlight {
+            store: self.locker.store.clone(),
+            clock: clock.clone(),
+            key: self.key.to_owned(),
+            owner: owner.clone(),
+            tickets: Vec::new(),
+        };
+        // (counter as read, where it came from, the queue was clear)
+        self.surveyed = None;
+        let hint = self.locker.memory.hint(self.key);
+        let mut expected = hint.as_ref().map(|h| {
+            let counter = Counter {
+                last: h.ticket,
+                owner: Some(crate::schema::last_owner(&h.owner, h.ticket)),
+            };
+            (counter, Source::Hint, true)
+        });
+        // Our own last ticket counts as seen: even a counter deleted by hand after we released
+        // cannot make this process take a lower one.
+        self.max_seen = self.max_seen.max(hint.as_ref().map_or(0, |h| h.ticket));
+        let mut prepared: Option<Prepared> = None;
+        let mut failures = 0;
+        let give_up = self.retry_budget();
+        loop {
+            let (counter, source, clear) = match expected.clone() {
+                Some(e) => e,
+                None => {
+                    let (snap, live) = self.survey(None).await?;
+                    if let Some(head) = &live {
+                        if opts.wait == Wait::NoWait && self.busy_now(head) {
+                            return Err(self.busy(live.as_ref()));
+                        }
+                    }
+                    if let (Some(head), Wait::NoWait) = (&live, opts.wait) {
+                        // Clock-free, and the row ahead has not been seen alive yet: watch it.
+                        // It changes within a heartbeat if its owner lives, or goes stale (and
+                        // is passed over) after its lease; the bound is only a backstop.
+                        let row_lease =
+                            Duration::from_millis(u64::try_from(head.lease_ms).unwrap_or(0));
+                        if self.now() >= self.started + row_lease * 2 + opts.max_poll {
+                            return Err(self.busy(live.as_ref()));
+                        }
+                        let pause = jittered(opts.poll, clock.jitter());
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                    let Some(counter) = snap.counter.clone() else {
+                        // No counter (a new key, or one deleted by hand): create it at the
+                        // highest ticket seen and read again. Never enqueue on "no counter".
+                        self.create_counter(give_up).await?;
+                        continue;
+                    };
+                    // The counter condition proves nobody queued since this read: with no live
+                    // row in it, the key is ours as soon as our row is in.
+                    self.surveyed = snap
+                        .rows
+                        .first()
+                        .zip(snap.rows.last())
+                        .map(|(first, last)| (first.ticket, last.ticket));
+                    let e = (counter, Source::Read, live.is_none());
+                    expected = Some(e.clone());
+                    e
+                }
+            };
+            let ticket = counter.last.max(self.max_seen) + 1;
+            let p = match prepared.take() {
+                Some(p) if p.request.ticket == ticket && p.request.counter == counter => p,
+                _ => self.prepare(&owner, ticket, counter, clear),
+            };
+            let entry = (ticket, p.request.seat);
+            if !in_flight.tickets.contains(&entry) {
+                in_flight.tickets.push(entry);
+            }
+            let outcome = self.locker.store.enqueue(&p.request).await;
+            match outcome {
+                Ok(Enqueue::Done | Enqueue::AlreadyOurs) => {
+                    in_flight.tickets.retain(|&(t, _)| t != ticket);
+                    let timing = Timing {
+                        interval: opts.heartbeat_interval(),
+                        opts: Arc::new(opts.clone()),
+                    };
+                    let valid_for = if opts.clock_free() {
+                        opts.lease
+                    } else {
+                        Duration::from_millis(u64::try_from(p.lease_until_ms - p.wall).unwrap_or(0))
+                    };
+                    let written = Written {
+                        key: self.key,
+                        ticket,
+                        seat: p.request.seat,
+                        owner: &owner,
+                        granted: p.granted,
+                        sent: p.first_sent,
+                        valid_for,
+                        lease_until_ms: p.lease_until_ms,
+                        wall_ms: p.wall,
+                    };
+                    // No await from here on: the row passes from `in_flight` to the membership,
+                    // which removes it if dropped.
+                    let m = Membership::start(self.locker.store.clone(), clock, written, timing);
+                    in_flight.abandon(); // tickets of earlier ambiguous attempts, if any
+                    return Ok((m, p.granted));
+                }
+                Ok(Enqueue::CounterAt(current)) => {
+                    // Definite: nothing was written at this ticket.
+                    in_flight.tickets.retain(|&(t, _)| t != ticket);
+                    self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
+                    let adopt = |c: &Counter| source == Source::Read && c.consistent();
+                    let Some(current) = current.filter(adopt) else {
+                        // Our hint is old (others used the key since), the counter is gone, or
+                        // it was set by hand (its `last` may be below queued rows): look
+                        // before queueing.
+                        expected = None;
+                        continue;
+                    };
+                    if opts.wait == Wait::NoWait {
+                        // Someone enqueued between our read and our write: they are ahead.
+                        return Err(self.busy(None));
+                    }
+                    expected = Some((current, Source::Read, false));
+                    failures = 0;
+                }
+                Ok(Enqueue::OursOlder) => {
+                    // An earlier request of ours for this ticket landed late (its expected
+                    // counter came back). Its lease is not the one we would believe in: remove
+                    // it, and read the queue again.
+                    tracing::info!(
+                        key = self.key,
+                        ticket,
+                        "an earlier enqueue of ours landed late; removing it and queueing again"
+                    );
+                    let seat = p.request.seat;
+                    delete_with_retry(&self.locker.store, &*clock, self.key, ticket, seat, &owner)
+                        .await?;
+                    self.max_seen = self.max_seen.max(ticket);
+                    expected = None;
+                }
+                Ok(Enqueue::TicketTaken) => {
+                    // The counter was lowered or deleted by hand and a row already has this
+                    // ticket: read the queue again, and take a ticket above everything on it.
+                    in_flight.tickets.retain(|&(t, _)| t != ticket);
+                    self.max_seen = self.max_seen.max(ticket);
+                    tracing::warn!(key = self.key, ticket, "the key's counter is behind its queue (was it deleted or changed by hand?); taking a higher ticket");
+                    expected = None;
+                }
+                Ok(Enqueue::Conflict) => {
+                    // This attempt wrote nothing, but an earlier one of the same request whose
+                    // answer was lost may still land (the counter has not moved, so it can
+                    // succeed): the ticket stays in `in_flight`, to be removed if we give up, so
+                    // a late copy never leaves a row nobody heartbeats.
+                    failures += 1;
+                    let pause = backoff(
+                        failures,
+                        Duration::from_millis(10),
+                        opts.max_poll,
+                        clock.jitter(),
+                    );
+                    if self.now() + pause >= give_up {
+                        return Err(self.busy(None));
+                    }
+                    tokio::time::sleep(pause).await;
+                    prepared = Some(p);
+                }
+                Err(f) => {
+                    // Ambiguous (or fatal): the ticket stays in `in_flight` until a definite
+                    // answer; the retry resends the very same request.
+                    failures += 1;
+                    prepared = Some(p);
+                    retry_pause(f, failures, give_up, &*clock).await?;
+                }
+            }
+            if self.timed_out() && opts.wait != Wait::NoWait {
+                return Err(self.busy(None));
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The answer readers: what a refused conditional write means, read from the item the condition
+//! failed on (`ReturnValuesOnConditionCheckFailure = ALL_OLD`, or a transaction's cancellation
+//! reasons). Pure functions of the seam's types, shared by the DynamoDB shell
+//! ([`super::dynamo`]) and the simulation's model, so the two can only differ in what they
+//! store, never in how an answer is read.
+
+use super::{Enqueue, EnqueueRequest, Failure, Item, Renewal, StaleDelete};
+use crate::schema;
+
+/// What a refused heartbeat means, from the item the condition failed on.
+pub(crate) fn renewal_refused(item: Option<&Item>, owner: &str) -> Renewal {
+    let ours = item
+        .and_then(|it| it.get(schema::OWNER))
+        .is_some_and(|o| o.as_s().is_ok_and(|o| o == owner));
+    if ours {
+        Renewal::Superseded
+    } else {
+        Renewal::Gone
+    }
+}
+
+/// What a refused seat enqueue means, from the counter as it stood (`ALL_OLD`): the seat ours
+/// (an earlier attempt of this request landed), or the counter as it is.
+pub(crate) fn seat_refused(r: &EnqueueRequest, counter: Option<&Item>) -> Result<Enqueue, Failure> {
+    let Some(item) = counter else {
+        return Ok(Enqueue::CounterAt(None));
+    };
+    if let Some(ours) = ours(r, item) {
+        return Ok(ours);
+    }
+    let snap = crate::schema::Snapshot::from_items(&r.key, [item]).map_err(Failure::Fatal)?;
+    Ok(Enqueue::CounterAt(snap.counter))
+}
+
+/// Whether the entry `item` (as it stood when our write was refused) is ours: this very
+/// request's version ([`Enqueue::AlreadyOurs`]), or one an earlier request of ours wrote
+/// ([`Enqueue::OursOlder`]).
+fn ours(r: &EnqueueRequest, item: &Item) -> Option<Enqueue> {
+    let text = |it: &Item, name: &str| it.get(name).and_then(|v| v.as_s().ok()).cloned();
+    if text(item, schema::OWNER).as_deref() != Some(r.owner.as_str()) {
+        return None;
+    }
+    Some(if text(item, schema::RVN) == text(&r.row, schema::RVN) {
+        Enqueue::AlreadyOurs
+    } else {
+        Enqueue::OursOlder
+    })
+}
+
+/// What a refused stale-seat removal means, from the counter as it stood: the seat still holds
+/// the entry judged (`ticket`) with a new version (`Revived`), or it holds another entry or none.
+pub(crate) fn seat_judged(counter: Option<&Item>, ticket: u64) -> StaleDelete {
+    let same = counter
+        .and_then(|c| c.get(schema::TICKET))
+        .is_some_and(|t| t.as_n().is_ok_and(|t| t.parse() == Ok(ticket)));
+    if same {
+        StaleDelete::Revived
+    } else {
+        StaleDelete::Gone
+    }
+}
+
+/// What a refused removal of a dead row means, from the row as it stood: still there (its owner
+/// heartbeated, or it is another entry now) is `Revived`, absent is `Gone`.
+pub(crate) fn row_judged(row: Option<&Item>) -> StaleDelete {
+    match row {
+        Some(_) => StaleDelete::Revived,
+        None => StaleDelete::Gone,
+    }
+}
+
+/// What a cancelled enqueue transaction means, from its two cancellation reasons (code and the
+/// item the condition failed on: the counter's, then the row's). `None`: none of the protocol's
+/// outcomes; the caller classifies the error.
+pub(crate) fn enqueue_outcome(
+    r: &EnqueueRequest,
+    reasons: &[(&str, Option<&Item>)],
+) -> Result<Option<Enqueue>, Failure> {
+    let code = |i: usize| reasons.get(i).map_or("None", |r| r.0);
+    let item = |i: usize| reasons.get(i).and_then(|r| r.1);
+    if code(1) == "ConditionalCheckFailed" {
+        if let Some(ours) = item(1).and_then(|it| ours(r, it)) {
+            return Ok(Some(ours));
+        }
+    }
+    if code(0) == "ConditionalCheckFailed" {
+        let last = match item(0) {
+            None => None,
+            Some(it) => {
+                crate::schema::Snapshot::from_items(&r.key, [it])
+                    .map_err(Failure::Fatal)?
+                    .counter
+            }
+        };
+        return Ok(Some(Enqueue::CounterAt(last)));
+    }
+    if code(1) == "ConditionalCheckFailed" {
+        return Ok(Some(Enqueue::TicketTaken));
+    }
+    if reasons.iter().any(|r| r.0 == "TransactionConflict") {
+        return Ok(Some(Enqueue::Conflict));
+    }
+    Ok(None)
+}
