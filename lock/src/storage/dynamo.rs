@@ -3,7 +3,8 @@
 //! Each request is exactly one call (the SDK may retry it underneath: same request, same
 //! idempotency token) and comes back either as a protocol outcome — a conditional write that lost
 //! is an enum variant, not an error — or a [`Failure`] that says whether trying again can help.
-//! Retrying, budgets and decisions live in `locker.rs` and `heartbeat.rs`.
+//! Retrying, budgets and decisions live in `locker/` and `heartbeat.rs`; the sweep's Scan and the
+//! removal of a dead entry are in `dynamo/scan.rs` and `dynamo/removal.rs`.
 //!
 //! Every read that decides ownership is a strongly consistent `Query` on the base table.
 
@@ -22,13 +23,21 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use super::answers::{enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused};
+use super::answers::{enqueue_outcome, renewal_refused, seat_refused};
 use super::{
     counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal,
-    Request, Response, ScanRequest, StaleDelete, Storage,
+    Request, Response, Storage,
 };
 use crate::error::{BoxError, Error};
-use crate::schema::{self, n, s, PK, SK};
+use crate::schema::{self, n, s, PK};
+
+mod removal;
+mod scan;
+
+pub use removal::DELETE_CONDITION;
+#[cfg(test)]
+pub(crate) use scan::scan_names;
+pub use scan::{FILTER, PROJECTION};
 
 /// A lock table in DynamoDB, reached through `client`.
 #[derive(Clone, Debug)]
@@ -307,106 +316,6 @@ impl Dynamo {
         }
     }
 
-    /// Removes an entry judged dead, only if it still carries the `rvn` that was judged: a
-    /// waiter's removal of a stale entry, or (with `sweep`: the owner read and the cutoff) the
-    /// sweep's, which also requires the same owner and a lease that ended before the cutoff
-    /// ([`DELETE_CONDITION`]).
-    async fn remove_dead(
-        &self,
-        key: &str,
-        ticket: u64,
-        seat: bool,
-        rvn: &str,
-        sweep: Option<(&str, i64)>,
-    ) -> Result<StaleDelete, Failure> {
-        let operation = if seat { "UpdateItem" } else { "DeleteItem" };
-        let result = if seat {
-            let mut equal = vec![(schema::RVN, s(rvn))];
-            if let Some((owner, _)) = sweep {
-                equal.push((schema::OWNER, s(owner)));
-            }
-            self.vacate(key, &equal, sweep.map(|(_, cutoff)| cutoff))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .send()
-                .await
-                .map(drop)
-                .map_err(|e| match e.as_service_error() {
-                    Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                        Ok(seat_judged(c.item(), ticket))
-                    }
-                    _ => Err(self.classify(operation, e)),
-                })
-        } else {
-            let mut delete = self
-                .client
-                .delete_item()
-                .table_name(&*self.table)
-                .set_key(Some(row_key(key, ticket)))
-                .expression_attribute_names("#rvn", schema::RVN)
-                .expression_attribute_values(":rvn", s(rvn))
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                );
-            delete = match sweep {
-                None => delete.condition_expression(stale_condition()),
-                Some((owner, cutoff)) => delete
-                    .condition_expression(DELETE_CONDITION)
-                    .expression_attribute_names("#owner", schema::OWNER)
-                    .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
-                    .expression_attribute_values(":owner", s(owner))
-                    .expression_attribute_values(":cutoff", n(cutoff)),
-            };
-            delete
-                .send()
-                .await
-                .map(drop)
-                .map_err(|e| match e.as_service_error() {
-                    // Still there (heartbeated, or another owner's), or gone. A retried removal
-                    // whose first attempt landed but whose answer was lost is gone either way.
-                    Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
-                        Ok(row_judged(c.item()))
-                    }
-                    _ => Err(self.classify(operation, e)),
-                })
-        };
-        match result {
-            Ok(()) => Ok(StaleDelete::Deleted),
-            Err(judged) => judged,
-        }
-    }
-
-    /// One page of the sweep's `Scan` (see [`ScanRequest`]).
-    async fn scan(&self, r: ScanRequest) -> Result<Response, Failure> {
-        let mut req = self
-            .client
-            .scan()
-            .table_name(&*self.table)
-            .filter_expression(FILTER)
-            .projection_expression(PROJECTION)
-            .set_expression_attribute_names(Some(scan_names()))
-            .expression_attribute_values(":q", s(schema::QUEUE_PREFIX))
-            .expression_attribute_values(":counter", s(schema::COUNTER_SK))
-            .expression_attribute_values(":cutoff", n(r.cutoff_ms))
-            .consistent_read(false)
-            .set_exclusive_start_key(r.start)
-            .set_limit(r.limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)));
-        if r.total_segments > 1 {
-            req = req
-                .segment(i32::try_from(r.segment).unwrap_or(0))
-                .total_segments(i32::try_from(r.total_segments).unwrap_or(1));
-        }
-        match req.send().await {
-            Ok(out) => Ok(Response::Scanned {
-                scanned: u64::try_from(out.scanned_count).unwrap_or(0),
-                items: out.items.unwrap_or_default(),
-                next: out.last_evaluated_key.filter(|k| !k.is_empty()),
-            }),
-            Err(e) => Err(self.classify("Scan", e)),
-        }
-    }
-
     /// Renews our row's lease (see [`Beat`] for the condition). An update of a deleted row fails
     /// its condition, so a late heartbeat never brings a released or removed row back.
     async fn heartbeat(&self, beat: &Beat) -> Result<Renewal, Failure> {
@@ -516,54 +425,6 @@ impl Dynamo {
                 _ => Err(self.classify("DeleteItem", e)),
             },
         }
-    }
-
-    /// An `UpdateItem` of `key`'s counter that empties its seat (removes
-    /// [`schema::SEAT_ATTRIBUTES`]) if each seat attribute of `equal` has its value.
-    fn vacate(
-        &self,
-        key: &str,
-        equal: &[(&str, aws_sdk_dynamodb::types::AttributeValue)],
-        lease_before: Option<i64>,
-    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
-        let (names, remove) = schema::seat_placeholders();
-        // One placeholder per attribute: the condition uses the one the removal does.
-        let mut terms = Vec::new();
-        let mut values = HashMap::new();
-        for (i, (attribute, value)) in equal.iter().enumerate() {
-            terms.push(format!("{} = :v{i}", schema::seat_placeholder(attribute)));
-            values.insert(format!(":v{i}"), value.clone());
-        }
-        #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner)
-            && equal.iter().any(|(a, _)| *a == schema::OWNER)
-            && lease_before.is_none()
-        {
-            terms = vec![format!(
-                "attribute_exists({})",
-                schema::seat_placeholder(schema::OWNER)
-            )];
-            values.clear();
-        }
-        if let Some(cutoff) = lease_before {
-            terms.push(format!(
-                "{} < :cutoff",
-                schema::seat_placeholder(schema::LEASE_UNTIL_MS)
-            ));
-            values.insert(":cutoff".to_owned(), n(cutoff));
-        }
-        let mut update = self
-            .client
-            .update_item()
-            .table_name(&*self.table)
-            .set_key(Some(counter_key(key)))
-            .update_expression(remove)
-            .condition_expression(terms.join(" AND "))
-            .set_expression_attribute_names(Some(names));
-        if !values.is_empty() {
-            update = update.set_expression_attribute_values(Some(values));
-        }
-        update
     }
 
     /// Maps an SDK error to retry-or-fatal, with actionable messages for what a user must fix.
@@ -682,42 +543,6 @@ fn fatal_build(operation: &'static str, e: aws_sdk_dynamodb::error::BuildError) 
         operation,
         source: Box::new(e),
     })
-}
-
-/// A stale row's delete: still the version that was judged. (Under the test-only mutant: any
-/// version, so the differential test must see the difference.)
-fn stale_condition() -> &'static str {
-    #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreStaleDeleteUnconditional) {
-        return "#rvn = :rvn OR attribute_exists(#rvn)";
-    }
-    "#rvn = :rvn"
-}
-
-// The sweep's expressions (re-exported by `crate::sweep`, which documents what a sweep does).
-
-/// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
-pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
-/// The scan's projection: exactly what [`crate::schema::QueueRow::from_item`] needs.
-pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
-/// The delete's condition: still the dead row that was read.
-pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
-/// The placeholders of [`FILTER`], [`PROJECTION`] and [`DELETE_CONDITION`].
-pub(crate) fn scan_names() -> HashMap<String, String> {
-    [
-        ("#pk", PK),
-        ("#sk", SK),
-        ("#ticket", schema::TICKET),
-        ("#owner", schema::OWNER),
-        ("#until", schema::LEASE_UNTIL_MS),
-        ("#leaseMs", schema::LEASE_MS),
-        ("#exp", schema::EXPIRES_AT),
-        ("#clockFree", schema::CLOCK_FREE),
-        ("#rvn", schema::RVN),
-    ]
-    .into_iter()
-    .map(|(a, b)| (a.to_owned(), b.to_owned()))
-    .collect()
 }
 
 /// The heartbeat's condition: the row is ours, and its lease is not later than the one we write.
