@@ -10,7 +10,8 @@
 use std::time::{Duration, Instant as StdInstant};
 
 use super::model::{Mutation, Table};
-use super::{run, Knobs, Report};
+use super::scenario::Knobs;
+use super::{run, Report};
 use crate::storage::{Enqueue, EnqueueRequest, Request, Response};
 
 /// Schedules the main test explores by default (and a third as many all clock-free). The test
