@@ -9,10 +9,8 @@
 //! binary ends, however it ends (a panic, `process::exit`, SIGKILL). No destructors, signal
 //! handlers or watcher processes are involved.
 
-use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -58,54 +56,44 @@ fn start() -> Result<Server, String> {
     let mut attempt = 1;
     loop {
         let port = free_port()?;
-        let log = server_log(attempt)?;
-        // The server's output goes to `log`, read only when it fails to start.
+        // Its banner (stdout) is dropped; its errors (stderr) reach this process's stderr, which
+        // the test harness does not capture, so a failed start explains itself.
         let mut process = Command::new(program)
             .args(args)
             .arg(port.to_string())
             .arg("-exitWhenStdinCloses")
             .current_dir(std::env::temp_dir())
             .stdin(Stdio::piped())
-            .stdout(clone(&log)?)
-            .stderr(clone(&log)?)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| format!("could not run {program}: {e}"))?;
-        match wait_until_ready(port, &mut process) {
-            Ok(()) => {
+        let why = match wait_until_ready(port, &mut process) {
+            Ready::Yes => {
                 return Ok(Server {
                     endpoint: format!("http://127.0.0.1:{port}"),
                     _process: process,
                 })
             }
-            Err(exited) => {
-                let output = read_all(&log);
-                let port_taken = [
-                    "address already in use",
-                    "bindexception",
-                    "could not start server",
-                ]
-                .iter()
-                .any(|sign| output.to_lowercase().contains(sign));
-                if exited && port_taken && attempt < ATTEMPTS {
-                    attempt += 1;
-                    continue;
-                }
-                // Killing a process that already exited is harmless; nothing is left behind.
+            // Most likely another process took the port before the server bound it: retry on
+            // a new port.
+            Ready::Exited if attempt < ATTEMPTS => {
+                attempt += 1;
+                continue;
+            }
+            Ready::Exited => format!("exited during startup {ATTEMPTS} times"),
+            Ready::TimedOut => {
+                // Nothing is left behind.
                 let _ = process.kill();
                 let _ = process.wait();
-                let why = if exited {
-                    "exited during startup".to_owned()
-                } else {
-                    format!("did not answer within {}s", START_TIMEOUT.as_secs())
-                };
-                let tail: Vec<&str> = output.lines().rev().take(40).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                return Err(format!(
-                    "DynamoDB Local on 127.0.0.1:{port} {why}; its last lines:\n    | {}",
-                    tail.join("\n    | ")
-                ));
+                format!("did not answer within {}s", START_TIMEOUT.as_secs())
             }
-        }
+        };
+        return Err(format!(
+            "DynamoDB Local on 127.0.0.1:{port} {why} (its messages are above); or point {} at \
+             a running DynamoDB Local",
+            crate::ENDPOINT_ENV
+        ));
     }
 }
 
@@ -145,57 +133,28 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("could not pick a port on 127.0.0.1: {e}"))
 }
 
-/// A log file for one attempt, already unlinked: nothing is left on disk whatever happens, and
-/// this process can still read what the server wrote.
-fn server_log(attempt: u32) -> Result<File, String> {
-    let path = std::env::temp_dir().join(format!(
-        "flightlock-dynamodb-local-{}-{attempt}.log",
-        std::process::id()
-    ));
-    let file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| format!("could not create {}: {e}", path.display()))?;
-    let _ = std::fs::remove_file(&path);
-    file.set_len(0)
-        .map_err(|e| format!("could not empty {}: {e}", path.display()))?;
-    Ok(file)
+/// How a start attempt ended.
+enum Ready {
+    /// The server answered ListTables.
+    Yes,
+    /// The server process exited.
+    Exited,
+    /// No answer within [`START_TIMEOUT`].
+    TimedOut,
 }
 
-fn clone(file: &File) -> Result<File, String> {
-    file.try_clone()
-        .map_err(|e| format!("could not share the server's log file: {e}"))
-}
-
-/// Everything in `log`, read at offset 0 without moving the server's write position.
-fn read_all(log: &File) -> String {
-    let mut bytes = Vec::new();
-    let mut chunk = [0u8; 8192];
-    while let Ok(n) = log.read_at(&mut chunk, bytes.len() as u64) {
-        if n == 0 {
-            break;
-        }
-        bytes.extend_from_slice(&chunk[..n]);
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Polls ListTables on `port` until it answers 200 with `TableNames`. `Err(true)`: the server
-/// exited; `Err(false)`: no answer within [`START_TIMEOUT`].
-fn wait_until_ready(port: u16, process: &mut Child) -> Result<(), bool> {
+/// Polls ListTables on `port` until it answers 200 with `TableNames`.
+fn wait_until_ready(port: u16, process: &mut Child) -> Ready {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if !matches!(process.try_wait(), Ok(None)) {
-            return Err(true);
+            return Ready::Exited;
         }
         if list_tables_answers(port) {
-            return Ok(());
+            return Ready::Yes;
         }
         if Instant::now() >= deadline {
-            return Err(false);
+            return Ready::TimedOut;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
