@@ -55,7 +55,7 @@ pub(crate) enum Mutant {
     CoalesceNeverWithdraws,
     /// `guard.rs`: `release` (the failed run's) marks the tick done too.
     ReleaseAlwaysMarks,
-    /// `storage/dynamo.rs`: the enqueue's tick condition passes whatever the watermark.
+    /// `storage/dynamo/enqueue.rs`: the enqueue's tick condition passes whatever the watermark.
     StoreEnqueueIgnoresWatermark,
     /// `storage/dynamo/ticks.rs`: a release that marks a tick moves the watermark backwards too.
     StoreMarkBackwards,
