@@ -8,7 +8,8 @@
 //!   after it. A streamed response (`Lambda-Runtime-Function-Response-Mode: streaming`, chunked,
 //!   with the trailers `Lambda-Runtime-Function-Error-Type` / `-Body`; Runtime API, "Response
 //!   streaming") is read as it arrives: its first chunk is visible while it runs
-//!   ([`super::Platform::first_chunk`]); up to 200 MB, so beyond [`KEEP`] it is counted, not kept.
+//!   ([`super::Platform::first_chunk`]). Lambda streams up to 200 MB, so beyond [`KEEP`] bytes a
+//!   body is counted, not kept.
 //! - A body that breaks off is no answer: the emulator's handler returns its error before the
 //!   runtime's state changes, so the invocation stays in flight (until its deadline). The broken
 //!   body is still recorded ([`Answer::complete`] false).
