@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::schema::{self, Snapshot, COUNTER_SK, PK, SK};
 use crate::storage::answers::{
-    enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused,
+    enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused, seat_release_refused,
 };
 use crate::storage::{
     EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, ScanRequest, StaleDelete,
@@ -60,6 +60,10 @@ pub(crate) enum Mutation {
     /// The seat is taken whenever it is empty, without the counter condition: an enqueuer that
     /// read an empty queue takes it even after others queued (and were granted) since.
     SeatWithoutCounter,
+    /// The enqueue's tick condition is dropped: a done tick takes the seat or queues again.
+    EnqueueIgnoresWatermark,
+    /// A release that marks a tick moves the watermark backwards too.
+    MarkBackwards,
 }
 
 /// Who removed a queue row.
@@ -394,8 +398,42 @@ impl Table {
             Request::DeleteOwned {
                 key,
                 ticket,
+                seat: true,
+                owner,
+                done: Some(tick),
+            } => Ok(Response::Owned(
+                self.release_seat_done(key, *ticket, owner, *tick, now),
+            )),
+            Request::MarkDone { key, tick } => {
+                let exists = self
+                    .get(key, COUNTER_SK)
+                    .is_some_and(|c| c.contains_key(schema::LAST));
+                let marked = exists && self.watermark_allows(key, *tick);
+                if marked {
+                    self.set_counter_attribute(key, schema::TICK_DONE, *tick, now);
+                }
+                Ok(Response::Marked(marked))
+            }
+            Request::TickRecorded { key, id } => Ok(Response::Recorded(
+                self.get(key, &schema::tick_sk(id)).is_some(),
+            )),
+            Request::RecordTick {
+                key,
+                id,
+                expires_at,
+            } => {
+                if self.get(key, &schema::tick_sk(id)).is_some() {
+                    return Ok(Response::Recorded(false));
+                }
+                self.put(schema::tick_record(key, id, *expires_at), now);
+                Ok(Response::Recorded(true))
+            }
+            Request::DeleteOwned {
+                key,
+                ticket,
                 seat,
                 owner,
+                ..
             } => {
                 let sk = entry_sk(*ticket, *seat);
                 // The seat's release is conditioned on its ticket too (`storage/dynamo.rs`): the seat may
@@ -415,6 +453,40 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// `MARK_CONDITION` of `storage/dynamo/ticks.rs`: the watermark is absent or not newer than
+    /// `tick` (under [`Mutation::MarkBackwards`], always).
+    fn watermark_allows(&self, key: &str, tick: i64) -> bool {
+        self.mutation == Some(Mutation::MarkBackwards)
+            || self
+                .get(key, COUNTER_SK)
+                .and_then(|c| num(c, schema::TICK_DONE))
+                .is_none_or(|d| d <= tick)
+    }
+
+    /// The seat's release that marks its tick (`storage/dynamo/ticks.rs`): ours (owner and
+    /// ticket) and the watermark not newer → vacated and marked; ours under a newer watermark →
+    /// [`Owned::NotMarked`], nothing written; else [`Owned::No`].
+    fn release_seat_done(
+        &mut self,
+        key: &str,
+        ticket: u64,
+        owner: &str,
+        tick: i64,
+        now: Instant,
+    ) -> Owned {
+        let counter = self.get(key, COUNTER_SK).cloned();
+        let ours = counter.as_ref().is_some_and(|i| {
+            string(i, schema::OWNER) == Some(owner)
+                && num(i, schema::TICKET) == i64::try_from(ticket).ok()
+        });
+        if ours && self.watermark_allows(key, tick) {
+            self.vacate(key, now, None);
+            self.set_counter_attribute(key, schema::TICK_DONE, tick, now);
+            return Owned::Yes;
+        }
+        seat_release_refused(counter.as_ref(), owner, ticket)
     }
 
     /// A look's page as the waiter sees it: as stored, but under [`Mutation::SlowTakeover`] with
@@ -450,6 +522,7 @@ impl Table {
             .range((key.to_owned(), after.clone().unwrap_or_default())..)
             .take_while(|((pk, _), _)| pk == key)
             .filter(|((_, sk), _)| after.as_ref().is_none_or(|a| sk > a))
+            .filter(|((_, sk), _)| sk.as_str() >= COUNTER_SK && *sk <= schema::queue_sk(u64::MAX))
             .map(|(_, s)| s.item.clone());
         let items: Vec<Item> = rest.by_ref().take(self.page_size).collect();
         let next = match (rest.next(), items.last()) {
@@ -529,7 +602,33 @@ impl Table {
             .and_then(|c| string(c, schema::LAST_OWNER))
             .map(str::to_owned);
         let ok = last == i64::try_from(r.counter.last).ok() && by == r.counter.owner;
-        (ok, counter)
+        // `ENQUEUE_TICK_CONDITION` and the `tickNewest` condition of `storage/dynamo.rs`.
+        let stored = |name| counter.as_ref().and_then(|c| num(c, name));
+        let tick_ok = r.tick.is_none_or(|t| {
+            stored(schema::TICK_DONE).is_none_or(|d| d < t)
+                || self.mutation == Some(Mutation::EnqueueIgnoresWatermark)
+        });
+        let newest_ok = r
+            .newest
+            .is_none_or(|n| stored(schema::TICK_NEWEST).is_none_or(|s| s <= n));
+        (ok && tick_ok && newest_ok, counter)
+    }
+
+    /// An enqueue's counter move: `last`, `lastOwner`, and `tickNewest` if it sets one.
+    fn move_counter(&mut self, r: &EnqueueRequest, now: Instant) {
+        let by = schema::last_owner(&r.owner, r.ticket);
+        self.set_counter(&r.key, r.ticket, Some(&by), now);
+        if let Some(newest) = r.newest {
+            self.set_counter_attribute(&r.key, schema::TICK_NEWEST, newest, now);
+        }
+    }
+
+    /// Sets one number attribute of an existing counter.
+    fn set_counter_attribute(&mut self, key: &str, name: &str, value: i64, now: Instant) {
+        if let Some(mut counter) = self.get(key, COUNTER_SK).cloned() {
+            counter.insert(name.to_owned(), schema::n(value));
+            self.put(counter, now);
+        }
     }
 
     fn set_counter(&mut self, key: &str, ticket: u64, owner: Option<&str>, now: Instant) {
@@ -554,8 +653,7 @@ impl Table {
         if !(counter_ok && empty) {
             return seat_refused(r, counter.as_ref()).map(Response::Enqueue);
         }
-        let by = schema::last_owner(&r.owner, r.ticket);
-        self.set_counter(&r.key, r.ticket, Some(&by), now);
+        self.move_counter(r, now);
         let mut item = self.get(&r.key, COUNTER_SK).cloned().unwrap_or_default();
         for (name, value) in schema::seat_attributes(&r.row) {
             item.insert(name.to_owned(), value.clone());
@@ -609,8 +707,7 @@ impl Table {
         let sk = schema::queue_sk(r.ticket);
         let existing = self.get(&r.key, &sk).cloned();
         if counter_ok && existing.is_none() {
-            let by = schema::last_owner(&r.owner, r.ticket);
-            self.set_counter(&r.key, r.ticket, Some(&by), now);
+            self.move_counter(r, now);
             self.put(r.row.clone(), now);
             self.tokens.insert(r.token.clone(), (r.clone(), now));
             return Ok(Response::Enqueue(crate::storage::Enqueue::Done));
@@ -655,8 +752,7 @@ impl Table {
                 current,
             )));
         }
-        let by = schema::last_owner(&r.owner, r.ticket);
-        self.set_counter(&r.key, r.ticket, Some(&by), now);
+        self.move_counter(r, now);
         Err(true)
     }
 

@@ -440,11 +440,15 @@ fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
         counter: crate::schema::Counter {
             last: 0,
             owner: None,
+            tick_done: None,
+            tick_newest: None,
         },
         row: row_item(key, ticket, owner),
         owner: owner.into(),
         token: token.into(),
         seat: false,
+        tick: None,
+        newest: None,
     })
 }
 
