@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use flightlock::lambda::body::{error_body, EVENT_ERROR_TYPE};
 use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::Gate;
+use flightlock::lambda::gate::{Gate, Run};
 use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -48,7 +48,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 use tracing::{field, Instrument};
 
-use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
+use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
 use crate::mode::Mode;
@@ -296,7 +296,8 @@ impl Proxy {
                 }
                 resp
             }
-            Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
+            Route::Response(id) => self.finish(req, &id, true).await,
+            Route::Error(id) => self.finish(req, &id, false).await,
             Route::RestoreNext => self.restore_next(req).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
@@ -392,11 +393,16 @@ impl Proxy {
         }
     }
 
-    /// `POST {id}/response` or `{id}/error`: forward (streamed), then release and mark done.
+    /// `POST {id}/response` (`response` true) or `{id}/error`: forward (streamed), then release
+    /// and mark the slot done. The run succeeded (its tick is marked done) only if it is a
+    /// response, its whole body went upstream without an error trailer, and upstream accepted
+    /// it; anything else (an error, a streamed response that failed midway, a body cut short,
+    /// an answer Lambda refused, e.g. too large) leaves the tick for the retries.
     async fn finish(
         &self,
         req: Request<Incoming>,
         id: &str,
+        response: bool,
     ) -> Result<Response<ProxyBody>, BoxError> {
         let slot = self.invocations.get(id);
         let span = slot.as_ref().map_or_else(tracing::Span::none, |s| s.span());
@@ -414,9 +420,15 @@ impl Proxy {
                 .await;
             // The upstream answer can come before the whole body went up (streaming): release
             // only once the body has ended (or failed, or was dropped).
-            let _ = ended.await;
+            let end = ended.await.unwrap_or(BodyEnd::Broken);
+            let accepted = matches!(&result, Ok(r) if r.status().is_success());
+            let run = if response && accepted && end == BodyEnd::Complete {
+                Run::Succeeded
+            } else {
+                Run::Failed
+            };
             if let Some(slot) = &slot {
-                self.release(slot).await;
+                self.release(slot, run).await;
                 slot.mark_done();
             }
             result
