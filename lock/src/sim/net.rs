@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::model::{Mutation, Table};
-use super::Trace;
+use super::trace::Trace;
 use crate::clock::Clock;
 use crate::storage::{Enqueue, Failure, Request, Response, Storage};
 
