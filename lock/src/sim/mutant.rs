@@ -46,6 +46,16 @@ pub(crate) enum Mutant {
     StoreVacateAnyOwner,
     /// `storage/dynamo.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
     StoreStaleDeleteUnconditional,
+    /// `locker/ticks.rs`: a waiter's look ignores the counter it reads (the watermark, and for
+    /// coalescing waiters, newer ticks queued behind): a duplicate that waited runs after the
+    /// first run succeeded.
+    WaiterIgnoresWatermark,
+    /// `guard.rs`: `release` (the failed run's) marks the tick done too.
+    ReleaseAlwaysMarks,
+    /// `storage/dynamo.rs`: the enqueue's tick condition passes whatever the watermark.
+    StoreEnqueueIgnoresWatermark,
+    /// `storage/dynamo/ticks.rs`: a release that marks a tick moves the watermark backwards too.
+    StoreMarkBackwards,
 }
 
 thread_local! {

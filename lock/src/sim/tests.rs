@@ -250,7 +250,7 @@ fn named_schedules_hold() {
          "a seat enqueue times out, the counter is deleted and recreated by the same process \
           exactly as read, and the timed-out attempt lands; a new request for the same ticket \
           meets it and must not believe its own, longer lease"),
-        (2123, Knobs::default(), "-> Revived",
+        (2210, Knobs::default(), "-> Revived",
          "a heartbeat lands between a waiter's judgement and its stale delete: the row lives"),
         (152, clock_free, "OPERATOR deletes row",
          "clock-free: a token replay answers Done for a row an operator deleted"),
@@ -440,11 +440,15 @@ fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
         counter: crate::schema::Counter {
             last: 0,
             owner: None,
+            tick_done: None,
+            tick_newest: None,
         },
         row: row_item(key, ticket, owner),
         owner: owner.into(),
         token: token.into(),
         seat: false,
+        tick: None,
+        newest: None,
     })
 }
 

@@ -26,6 +26,7 @@
 
 mod reads;
 mod requests;
+pub(crate) mod ticks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -62,6 +63,8 @@ pub(crate) enum Mutation {
     /// The seat is taken whenever it is empty, without the counter condition: an enqueuer that
     /// read an empty queue takes it even after others queued (and were granted) since.
     SeatWithoutCounter,
+    /// The enqueue's tick condition is dropped: a done tick takes the seat or queues again.
+    EnqueueIgnoresWatermark,
 }
 
 /// Who removed a queue row.
@@ -158,6 +161,9 @@ pub(crate) struct Table {
     /// Keys whose partition became empty (no counter, no row): nothing remembers their tokens,
     /// which may start again from 1. Cleared by the checker.
     pub wiped: std::collections::BTreeSet<String>,
+    /// Every tick marked done (key, [`ticks::label`], when): the checker looks for the success
+    /// behind each.
+    pub marks: Vec<(String, String, Instant)>,
 }
 
 fn num(item: &Item, name: &str) -> Option<i64> {
@@ -222,6 +228,7 @@ impl Table {
             gone: Vec::new(),
             outcomes: Outcomes::default(),
             wiped: std::collections::BTreeSet::new(),
+            marks: Vec::new(),
         }
     }
 
@@ -303,7 +310,13 @@ impl Table {
         }
     }
 
-    fn set_counter(&mut self, key: &str, ticket: u64, owner: Option<&str>, now: Instant) {
+    pub(super) fn set_counter(
+        &mut self,
+        key: &str,
+        ticket: u64,
+        owner: Option<&str>,
+        now: Instant,
+    ) {
         let mut counter = self
             .get(key, COUNTER_SK)
             .cloned()
@@ -316,7 +329,7 @@ impl Table {
     }
 
     /// Empties a key's seat; a removal by a waiter or the sweeper is recorded as for a row.
-    fn vacate(&mut self, key: &str, now: Instant, by: Option<Remover>) {
+    pub(super) fn vacate(&mut self, key: &str, now: Instant, by: Option<Remover>) {
         let Some(mut counter) = self.get(key, COUNTER_SK).cloned() else {
             return;
         };

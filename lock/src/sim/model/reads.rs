@@ -43,6 +43,8 @@ impl Table {
             .range((key.to_owned(), after.clone().unwrap_or_default())..)
             .take_while(|((pk, _), _)| pk == key)
             .filter(|((_, sk), _)| after.as_ref().is_none_or(|a| sk > a))
+            // `sk BETWEEN "counter" AND` the highest row's: never a done tick's record.
+            .filter(|((_, sk), _)| sk.as_str() >= COUNTER_SK && *sk <= schema::queue_sk(u64::MAX))
             .map(|(_, s)| s.item.clone());
         let items: Vec<Item> = rest.by_ref().take(self.page_size).collect();
         let next = match (rest.next(), items.last()) {

@@ -108,8 +108,21 @@ impl Table {
             Request::DeleteOwned {
                 key,
                 ticket,
+                seat: true,
+                owner,
+                done: Some(tick),
+            } => Ok(Response::Owned(
+                self.release_seat_done(key, *ticket, owner, *tick, now),
+            )),
+            Request::MarkDone { .. }
+            | Request::TickRecorded { .. }
+            | Request::RecordTick { .. } => Ok(self.apply_tick(request, now)),
+            Request::DeleteOwned {
+                key,
+                ticket,
                 seat,
                 owner,
+                ..
             } => {
                 let sk = entry_sk(*ticket, *seat);
                 // The seat's release is conditioned on its ticket too (`storage/dynamo.rs`): the seat may
@@ -140,6 +153,7 @@ impl Table {
             .and_then(|c| string(c, schema::LAST_OWNER))
             .map(str::to_owned);
         let ok = last == i64::try_from(r.counter.last).ok() && by == r.counter.owner;
+        let ok = ok && self.tick_conditions(r, counter.as_ref());
         (ok, counter)
     }
 
@@ -153,8 +167,7 @@ impl Table {
         if !(counter_ok && empty) {
             return seat_refused(r, counter.as_ref()).map(Response::Enqueue);
         }
-        let by = schema::last_owner(&r.owner, r.ticket);
-        self.set_counter(&r.key, r.ticket, Some(&by), now);
+        self.move_counter(r, now);
         let mut item = self.get(&r.key, COUNTER_SK).cloned().unwrap_or_default();
         for (name, value) in schema::seat_attributes(&r.row) {
             item.insert(name.to_owned(), value.clone());
@@ -193,8 +206,7 @@ impl Table {
         let sk = schema::queue_sk(r.ticket);
         let existing = self.get(&r.key, &sk).cloned();
         if counter_ok && existing.is_none() {
-            let by = schema::last_owner(&r.owner, r.ticket);
-            self.set_counter(&r.key, r.ticket, Some(&by), now);
+            self.move_counter(r, now);
             self.put(r.row.clone(), now);
             self.tokens.insert(r.token.clone(), (r.clone(), now));
             return Ok(Response::Enqueue(crate::storage::Enqueue::Done));
@@ -239,8 +251,7 @@ impl Table {
                 current,
             )));
         }
-        let by = schema::last_owner(&r.owner, r.ticket);
-        self.set_counter(&r.key, r.ticket, Some(&by), now);
+        self.move_counter(r, now);
         Err(true)
     }
 
