@@ -126,3 +126,20 @@ fn a_sweeper_without_its_grace_removes_live_rows() {
         &["early removal"],
     );
 }
+
+/// The sweep's removal must stay conditioned on the entry it judged: without any condition, a
+/// removal that lands after the entry changed hands (a waiter took the seat, a ticket was
+/// reused after the counter was deleted by hand) removes a live one.
+#[test]
+fn a_sweep_removal_without_its_condition_removes_a_live_entry() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::SweepUnconditional),
+        ..Knobs::default()
+    };
+    caught_by(
+        "sweep removal without its condition",
+        knobs,
+        2000,
+        &["early removal"],
+    );
+}
