@@ -128,8 +128,8 @@ fn a_sweeper_without_its_grace_removes_live_rows() {
 }
 
 /// The sweep's removal must stay conditioned on the entry it judged: without any condition, a
-/// removal that lands after the entry changed hands (a waiter took the seat, a ticket was
-/// reused after the counter was deleted by hand) removes a live one.
+/// removal removes whatever the key holds when it lands, which may have changed since the
+/// (eventually consistent) scan read it.
 #[test]
 fn a_sweep_removal_without_its_condition_removes_a_live_entry() {
     let knobs = Knobs {
