@@ -391,6 +391,7 @@ async fn a_broken_request_condition_in_store_is_caught() {
         Mutant::StoreHeartbeatOwnerOnly,
         Mutant::StoreVacateAnyOwner,
         Mutant::StoreStaleDeleteUnconditional,
+        Mutant::StoreSweepWithoutRvn,
     ] {
         let planted = plant(Some(m));
         let found = compare(8).await;

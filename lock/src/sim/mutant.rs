@@ -46,6 +46,9 @@ pub(crate) enum Mutant {
     StoreVacateAnyOwner,
     /// `storage/dynamo.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
     StoreStaleDeleteUnconditional,
+    /// `storage/dynamo/removal.rs`: the sweep's row `DeleteItem` loses the `rvn` term of its
+    /// condition (the owner and the cutoff remain).
+    StoreSweepWithoutRvn,
 }
 
 thread_local! {
