@@ -28,6 +28,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::Error;
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod seed;
+
 /// Partition key attribute: the lock key.
 pub const PK: &str = "pk";
 /// Sort key attribute: [`COUNTER_SK`] or a queue row's `q#<ticket>`.
