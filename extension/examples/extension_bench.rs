@@ -5,117 +5,30 @@
 //! scripts/dynamodb-local run -- cargo run --release -p flightlock-extension --example extension_bench [-- N]
 //! ```
 //!
-//! It starts the release extension binary against an in-process fake Lambda API (Runtime API +
-//! Extensions API on 127.0.0.1) and DynamoDB Local, plays the runtime itself, and reports:
-//! - the proxy hop alone: a passed-through request via the proxy vs. straight to the API;
+//! It starts the release extension binary on the Lambda platform double
+//! (`flightlock_testkit::platform`: Runtime API, Extensions API and Telemetry API of one standard
+//! execution environment on 127.0.0.1) and DynamoDB Local, plays the runtime itself, and reports:
+//! - the proxy hop alone: a passed-through request via the proxy vs. straight to a double of its
+//!   own (the same double, with no extension registered);
 //! - a whole invocation (GET next + POST response) via the proxy (lock acquire + release against
-//!   DynamoDB Local included) vs. straight to the API;
+//!   DynamoDB Local included) vs. straight to that double;
 //! - init time (spawn → registered with the proxy listening), resident memory (VmRSS / VmHWM);
 //! - the layer zip sizes, if `make layer` has built them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use flightlock_testkit::platform::{Mode, Options, Platform};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
+use hyper::Request;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
-use tokio::sync::{Mutex, Notify};
+use hyper_util::rt::TokioExecutor;
 
-/// The fake Lambda API.
-#[derive(Default)]
-struct Api {
-    runtime_events: Mutex<VecDeque<String>>,
-    runtime_ready: Notify,
-    ext_events: Mutex<VecDeque<serde_json::Value>>,
-    ext_ready: Notify,
-    registered: Mutex<Option<Instant>>,
-}
-
-async fn pop<T>(q: &Mutex<VecDeque<T>>, ready: &Notify) -> T {
-    loop {
-        let notified = ready.notified();
-        if let Some(v) = q.lock().await.pop_front() {
-            return v;
-        }
-        notified.await;
-    }
-}
-
-fn resp(status: u16, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-    r
-}
-
-async fn api(
-    state: Arc<Api>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let path = req.uri().path().to_owned();
-    let _ = req.into_body().collect().await?;
-    Ok(match path.as_str() {
-        "/2020-01-01/extension/register" => {
-            *state.registered.lock().await = Some(Instant::now());
-            let mut r = resp(
-                200,
-                r#"{"functionName":"bench","functionVersion":"$LATEST","handler":"x"}"#,
-            );
-            r.headers_mut()
-                .insert("lambda-extension-identifier", "ext-1".parse().unwrap());
-            r
-        }
-        "/2020-01-01/extension/event/next" => {
-            let ev = pop(&state.ext_events, &state.ext_ready).await;
-            resp(200, ev.to_string())
-        }
-        "/2018-06-01/runtime/invocation/next" => {
-            let id = pop(&state.runtime_events, &state.runtime_ready).await;
-            let deadline = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_millis()
-                + 60_000;
-            let mut r = resp(200, r#"{"detail":{"job":"bench"}}"#);
-            let h = r.headers_mut();
-            h.insert("lambda-runtime-aws-request-id", id.parse().unwrap());
-            h.insert(
-                "lambda-runtime-deadline-ms",
-                deadline.to_string().parse().unwrap(),
-            );
-            h.insert(
-                "lambda-runtime-invoked-function-arn",
-                "arn:aws:lambda:us-east-1:000000000000:function:bench"
-                    .parse()
-                    .unwrap(),
-            );
-            r
-        }
-        _ => resp(202, r#"{"status":"OK"}"#),
-    })
-}
-
-async fn serve(listener: TcpListener, state: Arc<Api>) {
-    loop {
-        let (s, _) = listener.accept().await.unwrap();
-        s.set_nodelay(true).unwrap();
-        let state = state.clone();
-        tokio::spawn(async move {
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(s), service_fn(move |r| api(state.clone(), r)))
-                .await;
-        });
-    }
-}
+const NEXT: &str = "/2018-06-01/runtime/invocation/next";
+const INIT_ERROR: &str = "/2018-06-01/runtime/init/error";
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
@@ -134,25 +47,12 @@ async fn call(client: &HttpClient, method: &str, addr: SocketAddr, path: &str) -
     r.into_body().collect().await.unwrap().to_bytes()
 }
 
-/// One invocation as a runtime sees it: next, then response.
-/// With `extension`, the extension also gets the INVOKE event, as in Lambda (it then waits for
-/// the invocation to finish and forgets it).
-async fn invocation(client: &HttpClient, state: &Api, addr: SocketAddr, id: &str, extension: bool) {
-    state.runtime_events.lock().await.push_back(id.to_owned());
-    state.runtime_ready.notify_one();
-    if extension {
-        let deadline = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis()
-            + 60_000;
-        state.ext_events.lock().await.push_back(serde_json::json!({
-            "eventType": "INVOKE", "deadlineMs": deadline as u64, "requestId": id,
-            "invokedFunctionArn": "arn:aws:lambda:us-east-1:000000000000:function:bench",
-        }));
-        state.ext_ready.notify_one();
-    }
-    let _event = call(client, "GET", addr, "/2018-06-01/runtime/invocation/next").await;
+/// One invocation of `platform` as a runtime sees it through `addr` (the proxy, or the double
+/// itself): next, then response. A registered extension gets the INVOKE event from the double,
+/// as in Lambda.
+async fn invocation(client: &HttpClient, platform: &Platform, addr: SocketAddr) {
+    let id = platform.invoke(serde_json::json!({"detail": {"job": "bench"}}));
+    let _event = call(client, "GET", addr, NEXT).await;
     call(
         client,
         "POST",
@@ -200,10 +100,10 @@ async fn main() {
     } = flightlock_testkit::fresh_table("bench_ext").await;
     eprintln!("bench: created table {table}");
 
-    let state = Arc::new(Api::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let api_addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, state.clone()));
+    // The extension's environment, and one without an extension for the straight baseline.
+    let platform = Platform::start(Options::new(Mode::Standard)).await;
+    let direct = Platform::start(Options::new(Mode::Standard)).await;
+    let api_addr = direct.addr();
     let proxy_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -214,7 +114,7 @@ async fn main() {
     let started = Instant::now();
     let mut child = tokio::process::Command::new(&bin)
         .env_clear()
-        .env("AWS_LAMBDA_RUNTIME_API", api_addr.to_string())
+        .envs(platform.lambda_env())
         .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
         .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
         .env("AWS_ACCESS_KEY_ID", "local")
@@ -229,70 +129,45 @@ async fn main() {
         .spawn()
         .unwrap();
     let pid = child.id().unwrap();
-    let registered = loop {
-        if let Some(t) = *state.registered.lock().await {
-            break t;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the extension did not register"
-        );
-        tokio::time::sleep(Duration::from_micros(200)).await;
-    };
-    let init = registered - started;
+    assert!(
+        platform.wait_registered(1, Duration::from_secs(10)).await,
+        "the extension did not register: {:?}",
+        platform.refusals()
+    );
+    let init = started.elapsed();
     let rss_idle = rss_kb(pid, "VmRSS:").unwrap_or(0);
 
     eprintln!("bench: extension registered after {init:?}; warming up");
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     // Warm up both paths (connections, the SDK's first request).
-    for i in 0..20 {
-        call(&client, "POST", api_addr, "/2018-06-01/runtime/init/error").await;
-        call(
-            &client,
-            "POST",
-            proxy_addr,
-            "/2018-06-01/runtime/init/error",
-        )
-        .await;
-        invocation(&client, &state, api_addr, &format!("warm-d-{i}"), false).await;
-        invocation(&client, &state, proxy_addr, &format!("warm-p-{i}"), true).await;
+    for _ in 0..20 {
+        call(&client, "POST", api_addr, INIT_ERROR).await;
+        call(&client, "POST", proxy_addr, INIT_ERROR).await;
+        invocation(&client, &direct, api_addr).await;
+        invocation(&client, &platform, proxy_addr).await;
     }
     eprintln!("bench: measuring {n} samples");
     let (mut hop_direct, mut hop_proxy, mut inv_direct, mut inv_proxy) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..n {
+    for _ in 0..n {
         let t = Instant::now();
-        call(&client, "POST", api_addr, "/2018-06-01/runtime/init/error").await;
+        call(&client, "POST", api_addr, INIT_ERROR).await;
         hop_direct.push(t.elapsed());
         let t = Instant::now();
-        call(
-            &client,
-            "POST",
-            proxy_addr,
-            "/2018-06-01/runtime/init/error",
-        )
-        .await;
+        call(&client, "POST", proxy_addr, INIT_ERROR).await;
         hop_proxy.push(t.elapsed());
         let t = Instant::now();
-        invocation(&client, &state, api_addr, &format!("d-{i}"), false).await;
+        invocation(&client, &direct, api_addr).await;
         inv_direct.push(t.elapsed());
         let t = Instant::now();
-        invocation(&client, &state, proxy_addr, &format!("p-{i}"), true).await;
+        invocation(&client, &platform, proxy_addr).await;
         inv_proxy.push(t.elapsed());
     }
     let rss_peak = rss_kb(pid, "VmHWM:").unwrap_or(0);
     let rss_after = rss_kb(pid, "VmRSS:").unwrap_or(0);
 
     // SHUTDOWN: the extension releases and exits.
-    let deadline = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        + 2000;
-    state.ext_events.lock().await.push_back(serde_json::json!({
-        "eventType": "SHUTDOWN", "shutdownReason": "spindown", "deadlineMs": deadline as u64
-    }));
-    state.ext_ready.notify_one();
+    platform.shutdown("spindown");
     let exited = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
 
     let (d50, d99) = (pct(hop_direct.clone(), 0.5), pct(hop_direct, 0.99));

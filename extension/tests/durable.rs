@@ -15,9 +15,9 @@ mod support;
 
 use std::time::Duration;
 
-use flightlock::lambda::config::KeyTemplate;
+use flightlock::lambda::key::KeyTemplate;
 use flightlock::{ClockSkew, EntryState, Locker};
-use support::{get, respond, Event, FakeRuntimeApi, NEXT};
+use support::{get, respond, LIMIT, NEXT};
 
 // Illustrative execution ARNs: flightlock treats the value as an opaque string.
 const ARN_A: &str =
@@ -26,7 +26,7 @@ const ARN_B: &str =
     "arn:aws:lambda:us-east-1:123456789012:function:orders:1/durable-execution/order-43/9a7e";
 
 /// The envelope of one invocation of execution `arn`: `steps` steps already checkpointed.
-fn envelope(arn: &str, token: &str, steps: usize) -> String {
+fn envelope(arn: &str, token: &str, steps: usize) -> serde_json::Value {
     let mut ops = vec![serde_json::json!({
         "Id": "exec",
         "Type": "EXECUTION",
@@ -48,7 +48,6 @@ fn envelope(arn: &str, token: &str, steps: usize) -> String {
         "CheckpointToken": token,
         "InitialExecutionState": { "Operations": ops },
     })
-    .to_string()
 }
 
 fn key(arn: &str) -> String {
@@ -60,7 +59,7 @@ fn the_users_fields_are_not_in_a_durable_event() {
     // The user's input is a string inside the envelope: a pointer to its fields finds nothing,
     // so such a template fails every durable invocation (FlightlockKeyError), never runs it
     // unlocked. The execution ARN is at the top.
-    let event = envelope(ARN_A, "t1", 0);
+    let event = envelope(ARN_A, "t1", 0).to_string();
     let user_field = KeyTemplate::parse("job-{/detail/accountId}").unwrap();
     assert!(user_field.render_bytes(event.as_bytes()).is_err());
     let per_execution = KeyTemplate::parse("durable-{/DurableExecutionArn}").unwrap();
@@ -82,26 +81,25 @@ async fn a_replay_waits_for_its_executions_previous_invocation_and_other_executi
     let mut envs = Vec::new();
     let mut ports = Vec::new();
     for _ in 0..3 {
-        let api = FakeRuntimeApi::start().await;
-        let config = support::config(&table, &api.addr, &vars);
-        let (port, _) = support::start_proxy(config, client.clone(), &api.addr, "h").await;
-        envs.push(api);
+        let platform = support::standard().await;
+        let (port, _) = support::start_proxy(&platform, &table, client.clone(), &vars, "h").await;
+        envs.push(platform);
         ports.push(port);
     }
 
     // Invocation 1 of execution A runs its first step.
     let a1 = envelope(ARN_A, "t1", 0);
-    envs[0].push(Event::new("a-1", &a1));
+    let a1_id = envs[0].invoke(a1.clone());
     let got = get(ports[0], NEXT).await;
-    assert_eq!(got.request_id.as_deref(), Some("a-1"));
+    assert_eq!(got.request_id.as_ref(), Some(&a1_id));
     assert_eq!(
         got.body,
-        a1.as_bytes(),
+        a1.to_string().as_bytes(),
         "the envelope reaches the runtime byte for byte"
     );
 
     // Its replay is invoked in another environment before invocation 1's release has landed.
-    envs[1].push(Event::new("a-2", &envelope(ARN_A, "t2", 1)));
+    let a2_id = envs[1].invoke(envelope(ARN_A, "t2", 1));
     let port = ports[1];
     let replay = tokio::spawn(async move { get(port, NEXT).await });
     let skew = ClockSkew::Bounded(Duration::from_secs(1));
@@ -109,9 +107,9 @@ async fn a_replay_waits_for_its_executions_previous_invocation_and_other_executi
     for _ in 0..200 {
         let q = locker.queue(&key(ARN_A), skew).await.unwrap();
         if q.len() == 2 {
-            assert_eq!(q[0].holder.request_id.as_deref(), Some("a-1"));
+            assert_eq!(q[0].holder.request_id.as_ref(), Some(&a1_id));
             assert_eq!(q[0].state, EntryState::Holding);
-            assert_eq!(q[1].holder.request_id.as_deref(), Some("a-2"));
+            assert_eq!(q[1].holder.request_id.as_ref(), Some(&a2_id));
             assert_eq!(q[1].state, EntryState::Waiting);
             queued = true;
             break;
@@ -121,28 +119,28 @@ async fn a_replay_waits_for_its_executions_previous_invocation_and_other_executi
     assert!(queued, "the replay did not queue behind invocation 1");
 
     // Execution B is not held up by A.
-    envs[2].push(Event::new("b-1", &envelope(ARN_B, "u1", 0)));
-    assert_eq!(get(ports[2], NEXT).await.request_id.as_deref(), Some("b-1"));
+    let b1_id = envs[2].invoke(envelope(ARN_B, "u1", 0));
+    assert_eq!(get(ports[2], NEXT).await.request_id, Some(b1_id));
 
     // Invocation 1 suspends (a wait); its replay then runs, not answered as busy.
-    assert!(respond(ports[0], "a-1", r#"{"Status":"PENDING"}"#)
+    assert!(respond(ports[0], &a1_id, r#"{"Status":"PENDING"}"#)
         .await
         .is_success());
-    let answer = envs[0].answer().await;
+    let answer = envs[0].answer(&a1_id, LIMIT).await.expect("a-1 answered");
     assert_eq!(answer.text(), r#"{"Status":"PENDING"}"#);
-    let got = tokio::time::timeout(Duration::from_secs(60), replay)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(got.request_id.as_deref(), Some("a-2"));
+    let got = tokio::time::timeout(LIMIT, replay).await.unwrap().unwrap();
+    assert_eq!(got.request_id.as_ref(), Some(&a2_id));
     assert!(respond(
         ports[1],
-        "a-2",
+        &a2_id,
         r#"{"Status":"SUCCEEDED","Result":"\"done\""}"#
     )
     .await
     .is_success());
-    let answer = envs[1].answer().await;
-    assert_eq!(answer.path, "/2018-06-01/runtime/invocation/a-2/response");
+    let answer = envs[1].answer(&a2_id, LIMIT).await.expect("a-2 answered");
+    assert_eq!(
+        answer.path,
+        format!("/2018-06-01/runtime/invocation/{a2_id}/response")
+    );
     assert!(answer.text().contains("SUCCEEDED"), "{}", answer.text());
 }

@@ -1,38 +1,21 @@
 //! Fail closed: an event from the Runtime API is either handed to the runtime with its lock held
-//! or answered upstream as failed; never passed on ungated, never lost. The upstream here is a
-//! scripted raw-TCP fake, so it can misbehave (no request id, a truncated body, an answer that
-//! comes after the runtime hung up). Needs DynamoDB Local (`scripts/dynamodb-local run --`).
+//! or answered upstream as failed; never passed on ungated, never lost. The Runtime API is the
+//! platform double, with delivery faults where Lambda's answer must break (no request id, a
+//! truncated body) and the runtime hanging up while its event is fetched. Needs DynamoDB Local
+//! (`scripts/dynamodb-local run --`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod support;
 
-use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::Gate;
+use std::time::Duration;
+
 use flightlock::{ClockSkew, Locker};
-use flightlock_extension::invocations::Invocations;
-use flightlock_extension::proxy::Proxy;
+use flightlock_testkit::platform::{NextFault, Outcome, Platform};
+use serde_json::json;
+use support::{LIMIT, NEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify};
-
-const NEXT: &str = "/2018-06-01/runtime/invocation/next";
-
-/// What the fake answers to one `GET next`.
-enum Reply {
-    Now(Vec<u8>),
-    After(Arc<Notify>, Vec<u8>),
-}
-
-struct Fake {
-    addr: String,
-    nexts: Arc<AtomicUsize>,
-    replies: Arc<Mutex<VecDeque<Reply>>>,
-    posts: mpsc::UnboundedReceiver<(String, String)>,
-}
+use tokio::net::TcpStream;
 
 /// Reads one HTTP/1.1 message (head and Content-Length body) from `s`.
 async fn read_message(s: &mut TcpStream) -> (String, Vec<u8>) {
@@ -58,98 +41,11 @@ async fn read_message(s: &mut TcpStream) -> (String, Vec<u8>) {
     (head, body)
 }
 
-async fn fake() -> Fake {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let nexts = Arc::new(AtomicUsize::new(0));
-    let replies: Arc<Mutex<VecDeque<Reply>>> = Arc::default();
-    let (tx, posts) = mpsc::unbounded_channel();
-    let (n, r) = (nexts.clone(), replies.clone());
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let (n, r, tx) = (n.clone(), r.clone(), tx.clone());
-            tokio::spawn(async move {
-                let (head, body) = read_message(&mut s).await;
-                let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
-                if path == NEXT {
-                    n.fetch_add(1, Ordering::SeqCst);
-                    let reply = r.lock().unwrap().pop_front();
-                    let bytes = match reply {
-                        Some(Reply::Now(b)) => b,
-                        Some(Reply::After(go, b)) => {
-                            go.notified().await;
-                            b
-                        }
-                        // A long poll with nothing to deliver.
-                        None => std::future::pending().await,
-                    };
-                    let _ = s.write_all(&bytes).await;
-                } else {
-                    tx.send((path, String::from_utf8_lossy(&body).into_owned()))
-                        .unwrap();
-                    let _ = s
-                        .write_all(b"HTTP/1.1 202 Accepted\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-                        .await;
-                }
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    Fake {
-        addr,
-        nexts,
-        replies,
-        posts,
-    }
-}
-
-fn deadline_ms() -> u128 {
-    (SystemTime::now() + Duration::from_secs(60))
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
-
-/// A complete event answer.
-fn event(id: &str, body: &str) -> Vec<u8> {
-    format!(
-        "HTTP/1.1 200 OK\r\nLambda-Runtime-Aws-Request-Id: {id}\r\nLambda-Runtime-Deadline-Ms: {}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        deadline_ms(),
-        body.len()
-    )
-    .into_bytes()
-}
-
-/// A proxy in front of `upstream`, locking `key` in a fresh table on DynamoDB Local.
-async fn proxy(upstream: &str, key: &str) -> (u16, Locker) {
-    let flightlock_testkit::FreshTable { client, table, .. } =
-        flightlock_testkit::fresh_table("failclosed").await;
-    let env = [
-        ("FLIGHTLOCK_TABLE", table.as_str()),
-        ("FLIGHTLOCK_KEY", key),
-        ("AWS_LAMBDA_FUNCTION_NAME", "f"),
-        // No EMF lines on the test output.
-        ("FLIGHTLOCK_METRICS", "off"),
-        ("AWS_LAMBDA_RUNTIME_API", upstream),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    let config = Arc::new(Config::from_map(&env).unwrap());
-    let gate = Gate::new(
-        config,
-        Locker::new(client.clone(), &table),
-        "test".to_owned(),
-    );
-    let proxy = Arc::new(Proxy::new(
-        gate,
-        Arc::new(Invocations::default()),
-        upstream.to_owned(),
-    ));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(proxy.serve(listener));
+/// A proxy in front of `platform`, locking `key` in a fresh table on DynamoDB Local.
+async fn proxy(platform: &Platform, key: &str) -> (u16, Locker) {
+    let (table, client) = support::table("failclosed").await;
+    let vars = [("FLIGHTLOCK_KEY", key)];
+    let (port, _) = support::start_proxy(platform, &table, client.clone(), &vars, "test").await;
     (port, Locker::new(client, &table))
 }
 
@@ -168,13 +64,6 @@ async fn answer_of(s: &mut TcpStream) -> (String, Vec<u8>) {
         .expect("the proxy answered the runtime's GET next")
 }
 
-async fn post_seen(fake: &mut Fake) -> (String, String) {
-    tokio::time::timeout(Duration::from_secs(10), fake.posts.recv())
-        .await
-        .expect("the proxy posted upstream")
-        .unwrap()
-}
-
 async fn holder_request_id(locker: &Locker, key: &str) -> Option<String> {
     locker
         .holder(key, ClockSkew::Bounded(Duration::from_secs(1)))
@@ -185,16 +74,9 @@ async fn holder_request_id(locker: &Locker, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn an_event_without_a_request_id_never_reaches_the_runtime() {
-    let fake = fake().await;
-    let body = r#"{"secret":"payload-42"}"#;
-    fake.replies.lock().unwrap().push_back(Reply::Now(
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .into_bytes(),
-    ));
-    let (port, _) = proxy(&fake.addr, "k-noid").await;
+    let platform = support::standard().await;
+    platform.invoke_with_fault(json!({"secret": "payload-42"}), NextFault::NoRequestId);
+    let (port, _) = proxy(&platform, "k-noid").await;
     let mut s = get_next(port).await;
     let (head, got) = answer_of(&mut s).await;
     assert!(head.starts_with("HTTP/1.1 502"), "{head}");
@@ -205,53 +87,40 @@ async fn an_event_without_a_request_id_never_reaches_the_runtime() {
 
 #[tokio::test]
 async fn an_unreadable_event_is_failed_upstream_and_the_next_one_is_gated() {
-    let mut fake = fake().await;
-    // Promises 200 bytes, sends a few, hangs up.
-    let truncated = format!(
-        "HTTP/1.1 200 OK\r\nLambda-Runtime-Aws-Request-Id: r-bad\r\nLambda-Runtime-Deadline-Ms: {}\r\n\
-         Content-Length: 200\r\nConnection: close\r\n\r\n{{\"partial\":",
-        deadline_ms()
-    );
-    fake.replies
-        .lock()
-        .unwrap()
-        .push_back(Reply::Now(truncated.into_bytes()));
-    fake.replies
-        .lock()
-        .unwrap()
-        .push_back(Reply::Now(event("r-good", r#"{"ok":1}"#)));
-    let (port, locker) = proxy(&fake.addr, "k-bad").await;
+    let platform = support::standard().await;
+    // Promises the whole payload, sends half of it, hangs up.
+    let bad =
+        platform.invoke_with_fault(json!({"partial": "x".repeat(64)}), NextFault::TruncatedBody);
+    let good = platform.invoke(json!({"ok": 1}));
+    let (port, locker) = proxy(&platform, "k-bad").await;
     let mut s = get_next(port).await;
     let (head, got) = answer_of(&mut s).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("r-good"), "{head}");
+    assert!(head.contains(&good), "{head}");
     assert_eq!(got, br#"{"ok":1}"#);
-    let (path, body) = post_seen(&mut fake).await;
-    assert_eq!(path, "/2018-06-01/runtime/invocation/r-bad/error");
-    assert!(body.contains("FlightlockEventError"), "{body}");
-    assert_eq!(
-        holder_request_id(&locker, "k-bad").await.as_deref(),
-        Some("r-good")
-    );
+    match platform.outcome(&bad, LIMIT).await {
+        Some(Outcome::Error(_, body)) => {
+            let body = String::from_utf8_lossy(&body);
+            assert!(body.contains("FlightlockEventError"), "{body}");
+        }
+        other => panic!("the unreadable event was not failed upstream: {other:?}"),
+    }
+    assert_eq!(holder_request_id(&locker, "k-bad").await, Some(good));
 }
 
 #[tokio::test]
 async fn a_runtime_that_hangs_up_while_its_event_is_fetched_gets_it_locked_on_its_next_request() {
-    let mut fake = fake().await;
-    let go = Arc::new(Notify::new());
-    fake.replies
-        .lock()
-        .unwrap()
-        .push_back(Reply::After(go.clone(), event("r-1", r#"{"n":1}"#)));
-    let (port, locker) = proxy(&fake.addr, "k-gone").await;
+    let platform = support::standard().await;
+    let (port, locker) = proxy(&platform, "k-gone").await;
     let first = get_next(port).await;
-    while fake.nexts.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        platform.wait_runtimes_waiting(1, LIMIT).await,
+        "the proxy did not ask Lambda for the event"
+    );
     // The runtime hangs up while the proxy's fetch is in flight; then Lambda delivers.
     drop(first);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    go.notify_one();
+    let id = platform.invoke(json!({"n": 1}));
     // The event is gated (locked) although nobody is waiting for it...
     let mut held = None;
     for _ in 0..500 {
@@ -261,26 +130,28 @@ async fn a_runtime_that_hangs_up_while_its_event_is_fetched_gets_it_locked_on_it
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(held.as_deref(), Some("r-1"));
+    assert_eq!(held.as_ref(), Some(&id));
     // ...and the runtime's next request gets it, without a second fetch upstream.
     let mut s = get_next(port).await;
     let (head, got) = answer_of(&mut s).await;
-    assert!(head.contains("r-1"), "{head}");
+    assert!(head.contains(&id), "{head}");
     assert_eq!(got, br#"{"n":1}"#);
-    assert_eq!(fake.nexts.load(Ordering::SeqCst), 1);
+    assert_eq!(platform.runtime_nexts(), 1);
     // Finished as usual: the response goes upstream and the key is free again.
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     s.write_all(
-        b"POST /2018-06-01/runtime/invocation/r-1/response HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok",
+        format!(
+            "POST /2018-06-01/runtime/invocation/{id}/response HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok"
+        )
+        .as_bytes(),
     )
     .await
     .unwrap();
     let (head, _) = answer_of(&mut s).await;
     assert!(head.starts_with("HTTP/1.1 202"), "{head}");
-    let (path, body) = post_seen(&mut fake).await;
     assert_eq!(
-        (path.as_str(), body.as_str()),
-        ("/2018-06-01/runtime/invocation/r-1/response", "ok")
+        platform.outcome(&id, LIMIT).await,
+        Some(Outcome::Response("ok".into()))
     );
     assert_eq!(holder_request_id(&locker, "k-gone").await, None);
 }

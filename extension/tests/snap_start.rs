@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flightlock::{ClockSkew, LockOptions, Locker};
-use support::{get, Event, FakeRuntimeApi, NEXT, RESTORE_NEXT};
+use flightlock_testkit::platform::{Mode, Options, Outcome, Platform};
+use support::{get, LIMIT, NEXT, RESTORE_NEXT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -116,9 +117,10 @@ async fn a_restore_through_the_proxy_renews_connections_and_host_id() {
     let (table, direct) = support::table("snapstart").await;
     let relay = Relay::start(&endpoint).await;
     let client = flightlock_testkit::client(&relay.endpoint).await;
-    let mut api = FakeRuntimeApi::snap_start().await;
-    let config = support::config(&table, &api.addr, &[("FLIGHTLOCK_KEY", "snap")]);
-    let (port, proxy) = support::start_proxy(config, client, &api.addr, "before-snapshot").await;
+    let platform = Platform::start(Options::new(Mode::SnapStart)).await;
+    let vars = [("FLIGHTLOCK_KEY", "snap")];
+    let (port, proxy) =
+        support::start_proxy(&platform, &table, client, &vars, "before-snapshot").await;
 
     // Init: the extension's client talks to DynamoDB before the snapshot.
     let guard = proxy
@@ -132,7 +134,7 @@ async fn a_restore_through_the_proxy_renews_connections_and_host_id() {
     // The runtime, init done, waits in restore/next; the snapshot is restored.
     let restoring = tokio::spawn(async move { get(port, RESTORE_NEXT).await });
     relay.restore();
-    api.restore();
+    platform.restore();
     let restored = tokio::time::timeout(Duration::from_secs(30), restoring)
         .await
         .unwrap()
@@ -140,9 +142,9 @@ async fn a_restore_through_the_proxy_renews_connections_and_host_id() {
     assert!(restored.status.is_success(), "{restored:?}");
 
     // The first invocation after the restore is gated, over new connections only.
-    api.push(Event::new("r-1", "{}"));
+    let r1 = platform.invoke(serde_json::json!({}));
     let got = get(port, NEXT).await;
-    assert_eq!(got.request_id.as_deref(), Some("r-1"));
+    assert_eq!(got.request_id.as_ref(), Some(&r1));
     assert_eq!(
         relay.sent_to_dead.load(Ordering::SeqCst),
         0,
@@ -153,26 +155,30 @@ async fn a_restore_through_the_proxy_renews_connections_and_host_id() {
         .holder("snap", ClockSkew::Bounded(Duration::from_secs(1)))
         .await
         .unwrap()
-        .expect("r-1 holds the key");
-    assert_eq!(holder.info.request_id.as_deref(), Some("r-1"));
+        .expect("the first invocation holds the key");
+    assert_eq!(holder.info.request_id.as_ref(), Some(&r1));
     let host = holder.info.host.unwrap_or_default();
     assert!(
         !host.is_empty() && host != "before-snapshot",
         "the host id was not renewed: {host:?}"
     );
-    assert!(support::respond(port, "r-1", "{}").await.is_success());
+    assert!(support::respond(port, &r1, "{}").await.is_success());
     assert_eq!(
-        api.answer().await.path,
-        "/2018-06-01/runtime/invocation/r-1/response"
+        platform.outcome(&r1, LIMIT).await,
+        Some(Outcome::Response("{}".into()))
     );
 }
 
 #[tokio::test]
 async fn restore_next_on_a_standard_init_is_passed_through_unchanged() {
     let (table, client) = support::table("snapstd").await;
-    let api = FakeRuntimeApi::start().await;
-    let config = support::config(&table, &api.addr, &[("FLIGHTLOCK_KEY", "std")]);
-    let (port, _) = support::start_proxy(config, client, &api.addr, "h").await;
+    let platform = support::standard().await;
+    let (port, _) =
+        support::start_proxy(&platform, &table, client, &[("FLIGHTLOCK_KEY", "std")], "h").await;
     let got = get(port, RESTORE_NEXT).await;
     assert_eq!(got.status, http::StatusCode::NOT_FOUND);
+    // The platform's own refusal, passed through.
+    let refused = platform.refusals();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].path, RESTORE_NEXT);
 }

@@ -1,10 +1,9 @@
 //! Response streaming: a 200 MB streamed response (`Lambda-Runtime-Function-Response-Mode:
 //! streaming`, chunked, the largest Lambda streams) that lasts several leases keeps its lock
 //! the whole time, heartbeat included, and the lock is released once the stream has ended, not
-//! when Lambda accepts the response's head (the scripted Runtime API accepts a streamed answer
-//! on its head and reads on, as Lambda does: it keeps reading when the invoking client has
-//! disconnected). A stream the runtime breaks off also releases. The body is generated and
-//! counted, never buffered. Needs DynamoDB Local.
+//! while the proxy is still passing it on (the platform double reads the stream as it arrives and
+//! answers after its end). A stream the runtime breaks off also releases. The body is generated
+//! and counted, never buffered. Needs DynamoDB Local.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,10 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use flightlock::{ClockSkew, LockOptions, Locker, Wait};
+use flightlock_testkit::platform::{Platform, KEEP};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
-use support::{get, Event, FakeRuntimeApi, NEXT};
+use support::{get, LIMIT, NEXT};
 use tokio::net::TcpStream;
 
 /// Chunks of the stream, and their size: 100 x 2 MB = 200 MB.
@@ -32,7 +32,7 @@ const PACE: Duration = Duration::from_millis(LEASE_MS * 5 / CHUNKS);
 
 /// Posts a streamed response for `id` through the proxy: `chunks` chunks, paced, then the end
 /// (or, with `break_off`, the connection is dropped instead). Sets `sent` after the last chunk.
-async fn stream(port: u16, id: &str, chunks: u64, break_off: bool, sent: Arc<AtomicBool>) {
+async fn stream(port: u16, id: String, chunks: u64, break_off: bool, sent: Arc<AtomicBool>) {
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
@@ -84,18 +84,17 @@ async fn stream(port: u16, id: &str, chunks: u64, break_off: bool, sent: Arc<Ato
     let _ = resp.into_body().collect().await;
 }
 
-async fn setup(prefix: &str) -> (FakeRuntimeApi, u16, Locker) {
+async fn setup(prefix: &str) -> (Platform, u16, Locker) {
     let (table, client) = support::table(prefix).await;
-    let api = FakeRuntimeApi::start().await;
+    let platform = support::standard().await;
     let vars = [
         ("FLIGHTLOCK_KEY", "stream"),
         ("FLIGHTLOCK_LEASE", "1s"),
         ("FLIGHTLOCK_HEARTBEAT", "250ms"),
         ("FLIGHTLOCK_CLOCK_SKEW", "100ms"),
     ];
-    let config = support::config(&table, &api.addr, &vars);
-    let (port, _) = support::start_proxy(config, client.clone(), &api.addr, "h").await;
-    (api, port, Locker::new(client, &table))
+    let (port, _) = support::start_proxy(&platform, &table, client.clone(), &vars, "h").await;
+    (platform, port, Locker::new(client, &table))
 }
 
 /// Polls until nobody holds `stream` (bounded); true if released.
@@ -115,18 +114,15 @@ async fn released(locker: &Locker) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_200_mb_stream_keeps_its_lock_until_it_ends() {
-    let (mut api, port, locker) = setup("stream").await;
-    api.push(Event::new("s-1", "{}"));
-    assert_eq!(get(port, NEXT).await.request_id.as_deref(), Some("s-1"));
+    let (platform, port, locker) = setup("stream").await;
+    let id = platform.invoke(serde_json::json!({}));
+    assert_eq!(get(port, NEXT).await.request_id.as_ref(), Some(&id));
 
     let sent = Arc::new(AtomicBool::new(false));
-    let streaming = tokio::spawn(stream(port, "s-1", CHUNKS, false, sent.clone()));
-    // Lambda accepted the stream on its head and reads on.
-    let first = tokio::time::timeout(Duration::from_secs(30), api.streaming.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(first, "/2018-06-01/runtime/invocation/s-1/response");
+    let streaming = tokio::spawn(stream(port, id.clone(), CHUNKS, false, sent.clone()));
+    // The stream reaches Lambda while it runs.
+    let first = platform.first_chunk(&id, LIMIT).await;
+    assert!(first.is_some_and(|c| c.iter().all(|b| *b == b'x')));
 
     // Another environment tries the key, about four times a lease, while the stream runs.
     let no_wait = LockOptions {
@@ -155,7 +151,7 @@ async fn a_200_mb_stream_keeps_its_lock_until_it_ends() {
             .unwrap();
         if !sent.load(Ordering::SeqCst) {
             let held = queue.first().expect("the streaming invocation's row");
-            assert_eq!(held.holder.request_id.as_deref(), Some("s-1"));
+            assert_eq!(held.holder.request_id.as_ref(), Some(&id));
             assert!(held.lease_left_ms > 0, "lease lapsed: {held:?}");
         }
         tries += 1;
@@ -171,9 +167,10 @@ async fn a_200_mb_stream_keeps_its_lock_until_it_ends() {
         .await
         .unwrap()
         .unwrap();
-    let answer = api.answer().await;
+    let answer = platform.answer(&id, LIMIT).await.expect("the stream's end");
     assert!(answer.complete);
     assert_eq!(answer.len, CHUNKS * CHUNK as u64);
+    assert_eq!(answer.body.len(), KEEP, "kept: its first bytes");
     assert!(
         released(&locker).await,
         "not released after the stream ended"
@@ -182,12 +179,15 @@ async fn a_200_mb_stream_keeps_its_lock_until_it_ends() {
 
 #[tokio::test]
 async fn a_stream_the_runtime_breaks_off_releases_the_lock() {
-    let (mut api, port, locker) = setup("streambreak").await;
-    api.push(Event::new("s-2", "{}"));
-    assert_eq!(get(port, NEXT).await.request_id.as_deref(), Some("s-2"));
+    let (platform, port, locker) = setup("streambreak").await;
+    let id = platform.invoke(serde_json::json!({}));
+    assert_eq!(get(port, NEXT).await.request_id.as_ref(), Some(&id));
     let sent = Arc::new(AtomicBool::new(false));
-    stream(port, "s-2", 3, true, sent).await;
-    let answer = api.answer().await;
+    stream(port, id.clone(), 3, true, sent).await;
+    let answer = platform
+        .answer(&id, LIMIT)
+        .await
+        .expect("the broken stream");
     assert!(
         !answer.complete,
         "the broken stream reached Lambda as complete"

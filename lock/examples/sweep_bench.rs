@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 use aws_sdk_dynamodb::Client;
-use flightlock::schema::{self, n, s, NewRow};
+use flightlock::schema::{self, n, s, seed};
 use flightlock::sweep::{SweepOptions, Sweeper, FILTER, PROJECTION};
 use flightlock::{Clock, HolderInfo, SystemClock};
 use flightlock_testkit::FaultProxy;
@@ -59,35 +59,20 @@ fn idle_key(i: usize) -> String {
     format!("prod/billing-sync/customer-{i:06}/nightly-report")
 }
 
-fn counter(key: &str, last: u64) -> HashMap<String, AttributeValue> {
-    HashMap::from([
-        (schema::PK.to_owned(), s(key)),
-        (schema::SK.to_owned(), s(schema::COUNTER_SK)),
-        (schema::LAST.to_owned(), n(last)),
-    ])
-}
-
 fn dead_row(key: &str, now_ms: i64) -> HashMap<String, AttributeValue> {
     let holder = HolderInfo {
         function: Some("nightly-report".into()),
         request_id: Some("8f5e2b8c-1b7a-4c1e-9d43-3b1f0e0c2a11".into()),
         host: Some("169.254.10.1:7".into()),
     };
-    NewRow {
+    seed::row_of(
         key,
-        ticket: 7,
-        owner: "0b9c8f1e-6f7a-4f57-9a58-5a1d1f7e2c33",
-        lease_until_ms: now_ms - 3_600_000,
-        lease_ms: 20_000,
-        // expiresAt 30 days ahead, so DynamoDB Local's TTL never removes a row before the sweep.
-        expires_at: flightlock::schema::ttl_seconds(now_ms - 3_600_000 + 30 * 86_400_000),
-        clock_free: false,
-        rvn: "4d3c2b1a",
-        now_ms: now_ms - 3_620_000,
-        granted: true,
-        holder: &holder,
-    }
-    .to_item()
+        7,
+        "0b9c8f1e-6f7a-4f57-9a58-5a1d1f7e2c33",
+        "4d3c2b1a",
+        now_ms - 3_600_000,
+        &holder,
+    )
 }
 
 async fn write_dead(client: &Client, table: &str, count: usize) {
@@ -95,7 +80,7 @@ async fn write_dead(client: &Client, table: &str, count: usize) {
     let items = (0..count)
         .flat_map(|i| {
             let key = format!("job-{i:06}");
-            [counter(&key, 7), dead_row(&key, now)]
+            [seed::counter(&key, 7), dead_row(&key, now)]
         })
         .collect();
     flightlock_testkit::batch_put(client, table, items, 16)
@@ -152,7 +137,9 @@ async fn main() {
     } = flightlock_testkit::fresh_table("sweep_bench").await;
 
     let t = Instant::now();
-    let idle = (0..args.idle).map(|i| counter(&idle_key(i), 3)).collect();
+    let idle = (0..args.idle)
+        .map(|i| seed::counter(&idle_key(i), 3))
+        .collect();
     flightlock_testkit::batch_put(&client, &table, idle, 16)
         .await
         .unwrap();

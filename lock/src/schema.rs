@@ -32,6 +32,9 @@ mod counter;
 
 pub use counter::{tick_record, tick_sk, Counter, TICK_DONE, TICK_NEWEST, TICK_PREFIX};
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod seed;
+
 /// Partition key attribute: the lock key.
 pub const PK: &str = "pk";
 /// Sort key attribute: [`COUNTER_SK`] or a queue row's `q#<ticket>`.

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
-use flightlock::schema::{self, n, queue_sk, s, NewRow};
+use flightlock::schema::{self, n, queue_sk, s, seed};
 use flightlock::sweep::{RowOutcome, SweepOptions, Sweeper};
-use flightlock::{Clock, HolderInfo, LockOptions, Locker, SkewedClock, SystemClock, Wait};
+use flightlock::{Clock, LockOptions, Locker, SkewedClock, SystemClock, Wait};
 use flightlock_testkit::{Fault, FaultProxy, Rule};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -53,21 +53,7 @@ impl Env {
 
     /// Puts a queue row (and its counter) whose lease ends at `lease_until_ms`.
     async fn row(&self, key: &str, ticket: u64, owner: &str, lease_until_ms: i64) {
-        let holder = HolderInfo::default();
-        let item = NewRow {
-            key,
-            ticket,
-            owner,
-            lease_until_ms,
-            lease_ms: 20_000,
-            expires_at: flightlock::schema::ttl_seconds(lease_until_ms + TTL_GRACE_MS),
-            clock_free: false,
-            rvn: "rvn-1",
-            now_ms: lease_until_ms - 20_000,
-            granted: true,
-            holder: &holder,
-        }
-        .to_item();
+        let item = seed::row(key, ticket, owner, "rvn-1", lease_until_ms);
         self.client
             .put_item()
             .table_name(&self.table)
@@ -78,7 +64,7 @@ impl Env {
         self.client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(counter(key, ticket)))
+            .set_item(Some(seed::counter(key, ticket)))
             .send()
             .await
             .unwrap();
@@ -87,7 +73,7 @@ impl Env {
     /// Writes `count` idle keys (a counter and no rows), 25 per BatchWriteItem, 8 at a time.
     async fn idle_keys(&self, prefix: &str, count: usize) {
         let items: Vec<_> = (0..count)
-            .map(|i| counter(&format!("{prefix}-{i}"), 3))
+            .map(|i| seed::counter(&format!("{prefix}-{i}"), 3))
             .collect();
         flightlock_testkit::batch_put(&self.client, &self.table, items, 8)
             .await
@@ -154,14 +140,6 @@ impl Env {
             .await
             .unwrap();
     }
-}
-
-fn counter(key: &str, last: u64) -> HashMap<String, AttributeValue> {
-    HashMap::from([
-        (schema::PK.to_owned(), s(key)),
-        (schema::SK.to_owned(), s(schema::COUNTER_SK)),
-        (schema::LAST.to_owned(), n(last)),
-    ])
 }
 
 /// Key and ticket of the rows a sweep listed with `outcome`.
@@ -404,25 +382,7 @@ async fn a_dead_seat_is_vacated_and_its_counter_kept() {
     let env = Env::new("sweep_seat").await;
     let t = now();
     for (key, until) in [("dead-seat", t - 2 * HOUR_MS), ("live-seat", t + 60_000)] {
-        let row = NewRow {
-            key,
-            ticket: 7,
-            owner: &format!("o-{key}"),
-            lease_until_ms: until,
-            lease_ms: 20_000,
-            expires_at: 0,
-            clock_free: false,
-            rvn: "rvn-1",
-            now_ms: until - 20_000,
-            granted: true,
-            holder: &HolderInfo::default(),
-        }
-        .to_item();
-        let mut item = counter(key, 7);
-        item.insert(schema::LAST_OWNER.into(), s(&format!("o-{key}:7")));
-        for (name, value) in schema::seat_attributes(&row) {
-            item.insert(name.to_owned(), value.clone());
-        }
+        let item = seed::seat(key, 7, &format!("o-{key}"), "rvn-1", until);
         env.client
             .put_item()
             .table_name(&env.table)
@@ -503,23 +463,7 @@ async fn the_time_budget_stops_early_and_the_sweep_resumes() {
     env.idle_keys("idle", 1000).await;
     let t = now();
     let dead: Vec<HashMap<_, _>> = (0..100)
-        .map(|i| {
-            let holder = HolderInfo::default();
-            NewRow {
-                key: &format!("dead-{i}"),
-                ticket: 1,
-                owner: "o",
-                lease_until_ms: t - HOUR_MS,
-                lease_ms: 20_000,
-                expires_at: flightlock::schema::ttl_seconds(t - HOUR_MS + TTL_GRACE_MS),
-                clock_free: false,
-                rvn: "r",
-                now_ms: t - HOUR_MS,
-                granted: true,
-                holder: &holder,
-            }
-            .to_item()
-        })
+        .map(|i| seed::row(&format!("dead-{i}"), 1, "o", "r", t - HOUR_MS))
         .collect();
     flightlock_testkit::batch_put(&env.client, &env.table, dead, 8)
         .await

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use flightlock::schema::{self, queue_sk, s, NewRow};
+use flightlock::schema::{self, queue_sk, s, seed};
 use flightlock::sweep::Sweeper;
-use flightlock::{Clock, HolderInfo, SystemClock};
+use flightlock::{Clock, SystemClock};
 use flightlock_cleanup::{invoke, Config, InvokeError};
 use serde_json::Value;
 
@@ -23,23 +23,8 @@ async fn table_with_rows(name: &str) -> (aws_sdk_dynamodb::Client, String) {
     let flightlock_testkit::FreshTable { client, table, .. } =
         flightlock_testkit::fresh_table(name).await;
     let now = SystemClock.wall_ms();
-    let holder = HolderInfo::default();
     for (key, until) in [("dead", now - 3_600_000), ("live", now + 60_000)] {
-        let item = NewRow {
-            key,
-            ticket: 1,
-            owner: "o",
-            lease_until_ms: until,
-            lease_ms: 20_000,
-            // expiresAt 30 days ahead: DynamoDB Local runs TTL, which must not race the test.
-            expires_at: flightlock::schema::ttl_seconds(until + 30 * 86_400_000),
-            clock_free: false,
-            rvn: "r",
-            now_ms: until - 20_000,
-            granted: true,
-            holder: &holder,
-        }
-        .to_item();
+        let item = seed::row(key, 1, "o", "r", until);
         client
             .put_item()
             .table_name(&table)
@@ -138,8 +123,7 @@ async fn bad_overrides_and_a_missing_table_fail_the_invocation() {
 
 #[test]
 fn keyed_event_renders_the_documented_key() {
-    let template =
-        flightlock::lambda::config::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
+    let template = flightlock::lambda::key::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
     assert_eq!(
         template.render(&event("keyed.json")).unwrap(),
         "job-acct-42"

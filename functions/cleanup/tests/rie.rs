@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flightlock::schema::{queue_sk, s, NewRow, PK, SK};
-use flightlock::{Clock, HolderInfo, SystemClock};
+use flightlock::schema::{queue_sk, s, seed, PK, SK};
+use flightlock::{Clock, SystemClock};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -78,23 +78,8 @@ async fn the_function_sweeps_under_the_runtime_emulator() {
         client,
         table,
     } = flightlock_testkit::fresh_table("cleanup_rie").await;
-    let holder = HolderInfo::default();
     let now = SystemClock.wall_ms();
-    let item = NewRow {
-        key: "dead",
-        ticket: 1,
-        owner: "o",
-        lease_until_ms: now - 3_600_000,
-        lease_ms: 20_000,
-        // expiresAt 30 days ahead: DynamoDB Local runs TTL, which must not race the test.
-        expires_at: flightlock::schema::ttl_seconds(now - 3_600_000 + 30 * 86_400_000),
-        clock_free: false,
-        rvn: "r",
-        now_ms: now - 3_620_000,
-        granted: true,
-        holder: &holder,
-    }
-    .to_item();
+    let item = seed::row("dead", 1, "o", "r", now - 3_600_000);
     client
         .put_item()
         .table_name(&table)

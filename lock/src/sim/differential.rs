@@ -4,8 +4,11 @@
 //!
 //! The requests are drawn from a seeded generator over a small space (two keys, five tickets,
 //! three owners, three record versions, counters present, absent and off by one, tokens reused
-//! with the same and with a changed request, the counter's seat taken, renewed and vacated) so
-//! that every condition is met both ways many times.
+//! with the same and with a changed request, the counter's seat taken, renewed and vacated, the
+//! sweep's removals and scans with cutoffs on both sides of the stored leases) so that every
+//! condition is met both ways many times. A scan is compared as the sweep uses it: every page to
+//! the end, as the set of items that passed the filter and the count read (the order of a `Scan`
+//! is DynamoDB's to choose, so pages of a `Limit` differ).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,7 +23,9 @@ use tokio::time::Instant;
 use super::model::Table;
 use crate::schema::{HolderInfo, NewRow};
 use crate::storage::Dynamo;
-use crate::storage::{Beat, EnqueueRequest, Failure, Item, Request, Response, Storage};
+use crate::storage::{
+    Beat, EnqueueRequest, Failure, Item, Request, Response, ScanRequest, Storage, SweepDead,
+};
 
 const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
 const RVNS: [&str; 3] = ["rvn-1", "rvn-2", "rvn-3"];
@@ -55,8 +60,8 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
     let key = format!("k{}", rng.random_range(0..2));
     let ticket = rng.random_range(1..=5);
     let owner = pick(rng, &OWNERS);
-    match rng.random_range(0..11) {
-        10 => match rng.random_range(0..3) {
+    match rng.random_range(0..13) {
+        12 => match rng.random_range(0..3) {
             0 => Request::MarkDone {
                 key,
                 tick: rng.random_range(1..=4),
@@ -161,6 +166,44 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                 },
             }
         }
+        10 => {
+            // Half the time an entry the model holds, as the sweep would have read it.
+            let entry = crate::schema::Snapshot::from_items(&key, &model.partition(&key))
+                .ok()
+                .map(|s| s.rows)
+                .filter(|rows| !rows.is_empty() && rng.random_bool(0.5))
+                .map(|rows| rows[rng.random_range(0..rows.len())].clone());
+            let cutoff_ms = rng.random_range(900..=1_200);
+            Request::SweepDead(match entry {
+                Some(r) => SweepDead {
+                    key,
+                    ticket: r.ticket,
+                    seat: r.seat,
+                    owner: r.owner,
+                    rvn: if rng.random_bool(0.8) {
+                        r.rvn
+                    } else {
+                        pick(rng, &RVNS).to_owned()
+                    },
+                    cutoff_ms,
+                },
+                None => SweepDead {
+                    key,
+                    ticket,
+                    seat: rng.random_bool(0.35),
+                    owner: owner.to_owned(),
+                    rvn: pick(rng, &RVNS).to_owned(),
+                    cutoff_ms,
+                },
+            })
+        }
+        11 => Request::Scan(ScanRequest {
+            segment: 0,
+            total_segments: 1,
+            start: None,
+            limit: rng.random_bool(0.5).then(|| rng.random_range(1..=4)),
+            cutoff_ms: rng.random_range(900..=1_200),
+        }),
         _ => Request::Query {
             key,
             start: None,
@@ -220,6 +263,34 @@ fn sorted(items: &[Item]) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
+/// A whole scan, page by page from `first`: the items that passed the filter (normalized, sorted)
+/// and the count read, or how it failed.
+async fn scan_all(
+    first: &ScanRequest,
+    mut page: impl AsyncFnMut(Request) -> Result<Response, Failure>,
+) -> String {
+    let (mut items, mut scanned, mut r) = (Vec::new(), 0, first.clone());
+    loop {
+        match page(Request::Scan(r.clone())).await {
+            Ok(Response::Scanned {
+                items: more,
+                scanned: read,
+                next,
+            }) => {
+                items.extend(sorted(&more));
+                scanned += read;
+                match next {
+                    Some(next) => r.start = Some(next),
+                    None => break,
+                }
+            }
+            other => return normalize(&other),
+        }
+    }
+    items.sort();
+    format!("Scanned {scanned} read, {items:?}")
+}
+
 /// Sends `seeds` × 150 seeded requests to DynamoDB Local and to the model. `Err`: the first
 /// difference (an outcome, or the items left); `Ok`: the kinds of outcome compared, counted.
 async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
@@ -236,9 +307,16 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
         let mut sent = Vec::new();
         for step in 0..150 {
             let req = request(&mut rng, &mut sent, run, &model);
-            let real = dynamo.call(req.clone()).await;
-            let modeled = model.apply(&req, Instant::now());
-            let (a, b) = (normalize(&real), normalize(&modeled));
+            let (a, b) = if let Request::Scan(r) = &req {
+                (
+                    scan_all(r, async |q| dynamo.call(q).await).await,
+                    scan_all(r, async |q| model.apply(&q, Instant::now())).await,
+                )
+            } else {
+                let real = dynamo.call(req.clone()).await;
+                let modeled = model.apply(&req, Instant::now());
+                (normalize(&real), normalize(&modeled))
+            };
             if a != b {
                 return Err(format!(
                     "seed {seed} step {step}: {req:?}\n DynamoDB Local: {a}\n model: {b}"
@@ -248,9 +326,16 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
                 Request::Enqueue(r) => r.seat,
                 Request::Heartbeat(beat) => beat.seat,
                 Request::DeleteStale { seat, .. } | Request::DeleteOwned { seat, .. } => *seat,
+                Request::SweepDead(d) => d.seat,
                 _ => false,
             };
             let label: String = b.chars().take(24).collect();
+            let label = match &req {
+                Request::SweepDead(_) => format!("sweep {label}"),
+                Request::Scan(_) if b.contains("S:") => "Scanned items".to_owned(),
+                Request::Scan(_) => "Scanned nothing".to_owned(),
+                _ => label,
+            };
             let label = if seat { format!("seat {label}") } else { label };
             *kinds.entry(label).or_default() += 1;
         }
@@ -337,6 +422,14 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "Marked(false)",
         "Recorded(true)",
         "Recorded(false)",
+        "sweep StaleDelete(Deleted)",
+        "sweep StaleDelete(Gone)",
+        "sweep StaleDelete(Revived)",
+        "seat sweep StaleDelete(Deleted)",
+        "seat sweep StaleDelete(Gone)",
+        "seat sweep StaleDelete(Revived)",
+        "Scanned items",
+        "Scanned nothing",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),
@@ -357,6 +450,7 @@ async fn a_broken_request_condition_in_store_is_caught() {
         Mutant::StoreStaleDeleteUnconditional,
         Mutant::StoreEnqueueIgnoresWatermark,
         Mutant::StoreMarkBackwards,
+        Mutant::StoreSweepWithoutRvn,
     ] {
         let planted = plant(Some(m));
         let found = compare(8).await;

@@ -78,7 +78,7 @@ use model::{Outcomes, Table};
 use monitor::Ctx;
 use net::{Faults, Net, SimClock};
 use scenario::Knobs;
-use scenario::{ms, plan_faults, plan_keys, plan_workers, EPOCH_MS, SWEEPER_SEED};
+use scenario::{ms, plan_faults, plan_keys, plan_scan_lag, plan_workers, EPOCH_MS, SWEEPER_SEED};
 use trace::Trace;
 
 /// The result of one run.
@@ -134,6 +134,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     let mut table = Table::new(origin, EPOCH_MS);
     table.page_size = rng.random_range(1..=4);
     table.mutation = knobs.mutation;
+    table.scan_lag = plan_scan_lag(seed);
     let trace = Trace::default();
     let fault_phase = ms(&mut rng, 5_000, 30_000);
     let faults = plan_faults(&mut rng);
@@ -158,7 +159,8 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         attempt_timeout,
     };
     ctx.note(format!(
-        "seed {seed}: keys {:?}, faults {faults:?} for {fault_phase:?}, pages of {}",
+        "seed {seed}: keys {:?}, faults {faults:?} for {fault_phase:?}, pages of {}, scans {:?} \
+         behind",
         keys.iter()
             .map(|k| format!(
                 "{} lease {:?} hb {:?} poll {:?}..{:?} skew {:?} ttl grace {:?}",
@@ -171,7 +173,8 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
                 k.opts.ttl_grace
             ))
             .collect::<Vec<_>>(),
-        net.table.lock().map(|t| t.page_size).unwrap_or(0)
+        net.table.lock().map(|t| t.page_size).unwrap_or(0),
+        net.table.lock().map(|t| t.scan_lag).unwrap_or_default()
     ));
 
     let workers = plan_workers(&mut rng, &keys);

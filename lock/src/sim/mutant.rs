@@ -59,6 +59,9 @@ pub(crate) enum Mutant {
     StoreEnqueueIgnoresWatermark,
     /// `storage/dynamo/ticks.rs`: a release that marks a tick moves the watermark backwards too.
     StoreMarkBackwards,
+    /// `storage/dynamo/removal.rs`: the sweep's row `DeleteItem` loses the `rvn` term of its
+    /// condition (the owner and the cutoff remain).
+    StoreSweepWithoutRvn,
 }
 
 thread_local! {

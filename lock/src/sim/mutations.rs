@@ -170,3 +170,20 @@ fn a_coalescing_waiter_that_never_withdraws_is_caught() {
         &["coalesce"],
     );
 }
+
+/// The sweep's removal must stay conditioned on the entry it judged: without any condition, a
+/// removal removes whatever the key holds when it lands, which may have changed since the
+/// (eventually consistent) scan read it.
+#[test]
+fn a_sweep_removal_without_its_condition_removes_a_live_entry() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::SweepUnconditional),
+        ..Knobs::default()
+    };
+    caught_by(
+        "sweep removal without its condition",
+        knobs,
+        2000,
+        &["early removal"],
+    );
+}

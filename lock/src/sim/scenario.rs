@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use super::model::Mutation;
 use super::mutant;
@@ -17,6 +17,16 @@ pub(super) const EPOCH_MS: i64 = 1_767_225_600_000;
 /// Mixed into a run's seed for the sweeper's clock, so the sweeper draws nothing from the run's
 /// generator (the rest of the plan does not shift when it is on).
 pub(super) const SWEEPER_SEED: u64 = 0x5eeb_5eeb;
+
+/// Mixed into a run's seed for how far the sweep's `Scan` lags behind the writes (as
+/// [`SWEEPER_SEED`], so the rest of the plan does not shift).
+const SCAN_LAG_SEED: u64 = 0x5ca1_1a65;
+
+/// How far behind the writes the sweep's eventually consistent `Scan` reads in this run: up to
+/// a second.
+pub(super) fn plan_scan_lag(seed: u64) -> Duration {
+    ms(&mut StdRng::seed_from_u64(seed ^ SCAN_LAG_SEED), 0, 1_000)
+}
 
 /// What a run may vary beyond its seed.
 #[derive(Debug, Clone, Copy, Default)]

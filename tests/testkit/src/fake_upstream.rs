@@ -1,5 +1,7 @@
 //! A tiny HTTP/1.1 server standing in for DynamoDB in the proxy's own tests:
-//! it records every request and answers with a predictable response.
+//! it records every request and answers with a predictable response. Not a Lambda double (that
+//! is [`crate::platform`]): [`crate::FaultProxy`]'s tests need an upstream whose answers they
+//! choose per request, which DynamoDB Local cannot give.
 //!
 //! Response: status from the `x-respond-status` request header (default 200),
 //! `content-type: application/x-amz-json-1.0`, `x-upstream-seq: N` (1-based

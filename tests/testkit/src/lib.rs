@@ -9,7 +9,8 @@
 //! - [`fresh_table`]: a new lock table (flightlock's own schema) on the local server, with its
 //!   endpoint and a client: the one way tests get a table.
 //! - [`platform`]: a Lambda platform double (Runtime, Extensions and Telemetry APIs of one
-//!   execution environment) that follows AWS's documented rules and refuses what Lambda refuses.
+//!   execution environment) that follows AWS's documented rules and refuses what Lambda refuses;
+//!   the one Runtime API double of the extension's tests, its benchmark and the e2e tests.
 //! - [`FaultProxy`]: a reverse proxy in front of DynamoDB that counts requests
 //!   per operation and injects faults ([`Rule`], [`Fault`]) exactly where the
 //!   network can break: before the write, after the write, duplicated, or

@@ -1,8 +1,11 @@
 //! An in-memory model of one DynamoDB table, with exactly the semantics the lock relies on.
 //!
 //! - Items keyed by (`pk`, `sk`), a `Query` returns a partition in sort-key order, page by page
-//!   (`page_size` items a page, `LastEvaluatedKey` while more remain). Reads are strongly
-//!   consistent: every applied write is visible to the next read.
+//!   (`page_size` items a page, `LastEvaluatedKey` while more remain). Queries are strongly
+//!   consistent: every applied write is visible to the next one.
+//! - The sweep's `Scan` is eventually consistent, as DynamoDB's is by default: a page may show
+//!   each item as it was up to [`Table::scan_lag`] ago (gone since, changed since, or not yet
+//!   written). Conditions are always evaluated on the item as it is.
 //! - Each request's condition is evaluated and its writes applied at one instant (the server's),
 //!   `TransactWriteItems` all-or-nothing, with one cancellation reason per item and the item
 //!   returned for failed conditions (`ReturnValuesOnConditionCheckFailure = ALL_OLD`).
@@ -65,6 +68,9 @@ pub(crate) enum Mutation {
     SeatWithoutCounter,
     /// The enqueue's tick condition is dropped: a done tick takes the seat or queues again.
     EnqueueIgnoresWatermark,
+    /// The sweep's removal is conditioned on nothing (neither the owner, nor the version `rvn`
+    /// the sweeper judged, nor the cutoff): it trusts what its eventually consistent scan showed.
+    SweepUnconditional,
 }
 
 /// Who removed a queue row.
@@ -143,6 +149,9 @@ struct Stored {
     item: Item,
 }
 
+/// A write's instant and the item it replaced (none: the write created it).
+type Replaced = (Instant, Option<Item>);
+
 /// The table.
 #[derive(Debug)]
 pub(crate) struct Table {
@@ -158,6 +167,12 @@ pub(crate) struct Table {
     /// Every entry removed, by whoever removed it (its owner included).
     pub gone: Vec<Gone>,
     pub outcomes: Outcomes,
+    /// How far behind the writes a `Scan` page reads (zero: every write is visible to the next
+    /// scan).
+    pub scan_lag: Duration,
+    /// For the `Scan`'s lag: each recently written item's earlier versions, as (the instant of a
+    /// write, the item before it), oldest first, none older than `scan_lag`.
+    history: BTreeMap<(String, String), Vec<Replaced>>,
     /// Keys whose partition became empty (no counter, no row): nothing remembers their tokens,
     /// which may start again from 1. Cleared by the checker.
     pub wiped: std::collections::BTreeSet<String>,
@@ -233,6 +248,8 @@ impl Table {
             wiped: std::collections::BTreeSet::new(),
             marks: Vec::new(),
             newest: Vec::new(),
+            scan_lag: Duration::ZERO,
+            history: BTreeMap::new(),
         }
     }
 
@@ -263,15 +280,50 @@ impl Table {
             .map(|s| &s.item)
     }
 
-    fn put(&mut self, item: Item, _now: Instant) {
+    fn put(&mut self, item: Item, now: Instant) {
         if let Some(k) = pk_sk(&item) {
-            self.items.insert(k, Stored { item });
+            let before = self.items.insert(k.clone(), Stored { item });
+            self.remember(k, before.map(|s| s.item), now);
         }
+    }
+
+    /// Keeps the version a write at `now` replaced, for scans that lag behind it.
+    fn remember(&mut self, k: (String, String), before: Option<Item>, now: Instant) {
+        if self.scan_lag.is_zero() {
+            return;
+        }
+        let versions = self.history.entry(k).or_default();
+        versions.push((now, before));
+        // A scan at or after `now` reads no earlier than `now - scan_lag`.
+        if let Some(horizon) = now.checked_sub(self.scan_lag) {
+            versions.retain(|(at, _)| *at > horizon);
+        }
+    }
+
+    /// Every item as it was at `at` (no earlier than `scan_lag` ago), in key order.
+    fn as_of(&self, at: Instant) -> BTreeMap<(String, String), Item> {
+        let mut view: BTreeMap<(String, String), Item> = self
+            .items
+            .iter()
+            .map(|(k, s)| (k.clone(), s.item.clone()))
+            .collect();
+        for (k, versions) in &self.history {
+            // The first write after `at` replaced what `at` saw.
+            if let Some((_, before)) = versions.iter().find(|(w, _)| *w > at) {
+                match before {
+                    Some(item) => view.insert(k.clone(), item.clone()),
+                    None => view.remove(k),
+                };
+            }
+        }
+        view
     }
 
     /// Removes an item; a queue row removed less than its lease after its last write is recorded.
     fn remove(&mut self, key: &str, sk: &str, now: Instant, by: Option<Remover>) -> Option<Item> {
-        let stored = self.items.remove(&(key.to_owned(), sk.to_owned()))?;
+        let k = (key.to_owned(), sk.to_owned());
+        let stored = self.items.remove(&k)?;
+        self.remember(k, Some(stored.item.clone()), now);
         self.record_gone(key, &stored.item, now);
         if self.partition(key).is_empty() {
             self.wiped.insert(key.to_owned());

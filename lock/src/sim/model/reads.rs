@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use tokio::time::Instant;
 
 use super::{num, pk_sk, segment_of, string, Mutation, Table};
 use crate::schema::{self, COUNTER_SK, PK, SK};
@@ -123,30 +124,30 @@ impl Table {
 
     /// One page of the sweep's `Scan` (`ScanRequest`): items in key order within the segment,
     /// `limit` read per page, the filter applied after the read (`ScannedCount` counts every
-    /// item read), the projection applied to what passes. Eventual consistency is not modelled:
-    /// a page reads the table as it stands, which a real scan may lag behind; the removal's
-    /// condition, not the read, is what keeps a live entry safe.
-    pub(super) fn scan(&self, r: &ScanRequest) -> Response {
+    /// item read), the projection applied to what passes. Eventually consistent: the page reads
+    /// the table as it stood [`Table::scan_lag`] before `now`, so the sweep may judge a version
+    /// that has changed or gone since; the removal's condition, not the read, is what keeps a
+    /// live entry safe.
+    pub(super) fn scan(&self, r: &ScanRequest, now: Instant) -> Response {
         let start = r.start.as_ref().and_then(pk_sk);
         let limit = r
             .limit
             .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))
             .max(1);
         let names = crate::storage::scan_names();
-        let mut page = self
-            .items
+        let view = self.as_of(now.checked_sub(self.scan_lag).unwrap_or(now));
+        let mut page = view
             .iter()
             .filter(|((pk, _), _)| segment_of(pk, r.total_segments) == r.segment)
             .filter(|(k, _)| start.as_ref().is_none_or(|s| *k > s))
             .peekable();
         let (mut items, mut scanned, mut next) = (Vec::new(), 0u64, None);
-        while let Some(((pk, sk), stored)) = page.next() {
+        while let Some(((pk, sk), item)) = page.next() {
             scanned += 1;
             let entry = sk.starts_with(schema::QUEUE_PREFIX) || sk == COUNTER_SK;
-            let dead = num(&stored.item, schema::LEASE_UNTIL_MS).is_some_and(|u| u < r.cutoff_ms);
+            let dead = num(item, schema::LEASE_UNTIL_MS).is_some_and(|u| u < r.cutoff_ms);
             if entry && dead {
-                let projected: Item = stored
-                    .item
+                let projected: Item = item
                     .iter()
                     .filter(|(name, _)| names.values().any(|v| v == *name))
                     .map(|(n, v)| (n.clone(), v.clone()))

@@ -44,7 +44,7 @@ impl Table {
                 }
                 Ok(Response::StaleDelete(outcome))
             }
-            Request::Scan(r) => Ok(self.scan(r)),
+            Request::Scan(r) => Ok(self.scan(r, now)),
             Request::Heartbeat(beat) => {
                 let sk = entry_sk(beat.ticket, beat.seat);
                 let current = self.get(&beat.key, &sk);
@@ -285,6 +285,7 @@ impl Table {
             Some(i) if seat && string(i, schema::RVN).is_none() => false,
             Some(i) => match sweep {
                 None => same_rvn(i) || self.mutation == Some(Mutation::UnconditionalStaleDelete),
+                Some(_) if self.mutation == Some(Mutation::SweepUnconditional) => true,
                 Some((owner, cutoff)) => {
                     string(i, schema::OWNER) == Some(owner)
                         && same_rvn(i)

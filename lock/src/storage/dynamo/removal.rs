@@ -64,7 +64,7 @@ impl Dynamo {
             delete = match sweep {
                 None => delete.condition_expression(stale_condition()),
                 Some((owner, cutoff)) => delete
-                    .condition_expression(DELETE_CONDITION)
+                    .condition_expression(sweep_condition())
                     .expression_attribute_names("#owner", schema::OWNER)
                     .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
                     .expression_attribute_values(":owner", s(owner))
@@ -146,4 +146,14 @@ fn stale_condition() -> &'static str {
         return "#rvn = :rvn OR attribute_exists(#rvn)";
     }
     "#rvn = :rvn"
+}
+
+/// The sweep's delete condition, [`DELETE_CONDITION`]. (Under the test-only mutant: without its
+/// `rvn` term, so the differential test must see the difference.)
+fn sweep_condition() -> &'static str {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreSweepWithoutRvn) {
+        return "#owner = :owner AND (#rvn = :rvn OR attribute_exists(#rvn)) AND #until < :cutoff";
+    }
+    DELETE_CONDITION
 }

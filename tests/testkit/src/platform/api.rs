@@ -1,23 +1,24 @@
 //! The HTTP side of the platform double: Runtime API, Extensions API, Telemetry and Logs API.
-//! Every answer that refuses something is recorded (see `Platform::refusals`).
+//! Every answer that refuses something is recorded (see `Platform::refusals`); the runtime's
+//! answers to invocations are served by `answer.rs`.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use nix::sys::signal::Signal;
 
-use super::{now_ms, signal_groups, Inv, Mode, Outcome, Refusal, Shared, State};
-
-type Resp = Response<Full<Bytes>>;
+use super::answer::finish;
+use super::reply::{emit, full, is_mi, json, ok, refuse, Body, Resp};
+use super::{now_ms, signal_groups, Inv, Mode, NextFault, Shared, State};
 
 pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     while let Ok((stream, _)) = listener.accept().await {
@@ -31,32 +32,13 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn json(status: StatusCode, body: serde_json::Value) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/json"));
-    r
-}
-
-/// An error answer in the documented `{"errorType", "errorMessage"}` form, recorded.
-fn refuse(shared: &Shared, path: &str, status: StatusCode, error_type: &str, msg: &str) -> Resp {
-    let body = serde_json::json!({"errorType": error_type, "errorMessage": msg});
-    shared.lock().refusals.push(Refusal {
-        path: path.to_owned(),
-        status: status.as_u16(),
-        body: body.to_string(),
-    });
-    json(status, body)
-}
-
-fn is_mi(shared: &Shared) -> bool {
-    matches!(shared.options.mode, Mode::ManagedInstances { .. })
-}
-
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, hyper::Error> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    if method == http::Method::POST && path.starts_with("/2018-06-01/runtime/invocation/") {
+        // Read as it arrives (a streamed response can be long), not collected here.
+        return Ok(finish(&shared, req).await);
+    }
     let (parts, body) = req.into_parts();
     let body = body.collect().await?.to_bytes();
     let header = |n: &str| {
@@ -98,12 +80,6 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, hyp
             header("lambda-runtime-function-error-type"),
             &body,
         ),
-        ("POST", p) if p.starts_with("/2018-06-01/runtime/invocation/") => finish(
-            &shared,
-            p,
-            header("lambda-runtime-function-error-type"),
-            body,
-        ),
         _ => refuse(
             &shared,
             &path,
@@ -113,10 +89,6 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, hyp
         ),
     };
     Ok(resp)
-}
-
-fn ok() -> serde_json::Value {
-    serde_json::json!({"status": "OK"})
 }
 
 /// `POST register` (Extensions API reference, "Register"): a name is required; events must be
@@ -321,28 +293,15 @@ fn telemetry(shared: &Shared, path: &str, body: &[u8]) -> Resp {
     json(StatusCode::OK, serde_json::json!("OK"))
 }
 
-/// Sends one telemetry event to every subscriber.
-fn emit(shared: &Shared, kind: &str, record: serde_json::Value) {
-    let uris = shared.lock().telemetry_uris.clone();
-    let batch = serde_json::json!([{"time": now_ms().to_string(), "type": kind, "record": record}])
-        .to_string();
-    for uri in uris {
-        let batch = batch.clone();
-        tokio::spawn(async move {
-            let client =
-                hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
-            if let Ok(req) = Request::post(uri).body(Full::new(Bytes::from(batch))) {
-                let _ = client.request(req).await;
-            }
-        });
-    }
-}
-
 /// `GET invocation/next`: the next invocation once the mode allows it (standard and SnapStart:
 /// one in flight, after every extension is back in `/next`; SnapStart: only after the restore;
 /// Managed Instances: up to `AWS_LAMBDA_MAX_CONCURRENCY` in flight).
 async fn runtime_next(shared: &Shared) -> Resp {
-    shared.lock().runtime_waiting += 1;
+    {
+        let mut s = shared.lock();
+        s.runtime_waiting += 1;
+        s.runtime_nexts += 1;
+    }
     shared.touch();
     let w = Waiting { shared, ext: None };
     let mode = shared.options.mode;
@@ -394,12 +353,22 @@ async fn runtime_next(shared: &Shared) -> Resp {
         "platform.start",
         serde_json::json!({"requestId": inv.id, "version": "$LATEST"}),
     );
-    let mut r = Response::new(Full::new(inv.payload.clone()));
+    let body = match inv.fault {
+        Some(NextFault::TruncatedBody) => breaking_off(inv.payload.clone()),
+        _ => full(inv.payload.clone()),
+    };
+    let mut r = Response::new(body);
     let h = r.headers_mut();
-    h.insert(
-        "lambda-runtime-aws-request-id",
-        HeaderValue::from_str(&inv.id).unwrap(),
-    );
+    if inv.fault != Some(NextFault::NoRequestId) {
+        h.insert(
+            "lambda-runtime-aws-request-id",
+            HeaderValue::from_str(&inv.id).unwrap(),
+        );
+    }
+    if inv.fault == Some(NextFault::TruncatedBody) {
+        // The whole payload's length is promised; half of it comes.
+        h.insert("content-length", HeaderValue::from(inv.payload.len()));
+    }
     h.insert(
         "lambda-runtime-deadline-ms",
         HeaderValue::from(inv.deadline_ms),
@@ -422,6 +391,19 @@ async fn runtime_next(shared: &Shared) -> Resp {
     r
 }
 
+/// The fault [`NextFault::TruncatedBody`]: the first half of `payload`, then the connection breaks.
+/// The break comes after one yield, so hyper writes out the head and the half before it sees the
+/// error and drops the connection.
+fn breaking_off(payload: Bytes) -> Body {
+    let half = payload.slice(..payload.len() / 2);
+    let sent = futures::stream::iter([Ok(Frame::data(half))]);
+    let broken = futures::stream::once(async {
+        tokio::task::yield_now().await;
+        Err(std::io::Error::other("the double breaks the event off"))
+    });
+    StreamBody::new(futures::StreamExt::chain(sent, broken)).boxed()
+}
+
 /// `GET restore/next`: SnapStart only; returns once the snapshot is restored.
 async fn restore_next(shared: &Shared, path: &str) -> Resp {
     if shared.options.mode != Mode::SnapStart {
@@ -435,47 +417,4 @@ async fn restore_next(shared: &Shared, path: &str) -> Resp {
     }
     wait_take(shared, |s| s.restored.then_some(())).await;
     json(StatusCode::OK, serde_json::json!({}))
-}
-
-/// `POST invocation/{id}/response|error`: only for an invocation in flight (AWS's emulator
-/// answers 400 `InvalidRequestID` otherwise, `rapi/rendering/render_error.go`).
-fn finish(shared: &Shared, path: &str, error_type: Option<String>, body: Bytes) -> Resp {
-    let rest = path.trim_start_matches("/2018-06-01/runtime/invocation/");
-    let (id, kind) = rest.split_once('/').unwrap_or((rest, ""));
-    let outcome = match kind {
-        "response" => Outcome::Response(body),
-        "error" => Outcome::Error(error_type, body),
-        _ => {
-            return refuse(
-                shared,
-                path,
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                "no such path",
-            )
-        }
-    };
-    let mut s = shared.lock();
-    if s.running.remove(id).is_none() {
-        drop(s);
-        return refuse(
-            shared,
-            path,
-            StatusCode::BAD_REQUEST,
-            "InvalidRequestID",
-            "Invalid request ID",
-        );
-    }
-    s.outcomes.insert(id.to_owned(), outcome);
-    drop(s);
-    shared.touch();
-    // No `platform.runtimeDone` on Managed Instances.
-    if !is_mi(shared) {
-        emit(
-            shared,
-            "platform.runtimeDone",
-            serde_json::json!({"requestId": id, "status": "success"}),
-        );
-    }
-    json(StatusCode::ACCEPTED, ok())
 }

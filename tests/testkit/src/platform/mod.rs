@@ -25,12 +25,23 @@
 //!   is restored ([`Platform::restore`]) ("Runtime API: Restore"; "SnapStart runtime hooks").
 //!
 //! Tenant isolation: with [`Options::tenant`], `/next` answers carry `Lambda-Runtime-Aws-Tenant-Id`
-//! (Runtime API, "Next invocation" response headers).
+//! (Runtime API, "Next invocation" response headers); Lambda never shares an execution
+//! environment between tenants, so the tenant is the environment's.
+//!
+//! The runtime's answers (`answer.rs`): buffered or streamed, read to their end, kept for tests
+//! ([`Platform::answer`], [`Platform::first_chunk`]).
+//!
+//! Faults ([`NextFault`], [`Platform::invoke_with_fault`]) break one delivery the way a network
+//! or a broken platform would; they switch no rule off: the invocation is in flight as any other
+//! and an answer to it is held to the same rules.
 
 // A test double: panicking with a clear message on a broken test setup is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod answer;
 mod api;
+mod reply;
+mod schedule;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -42,6 +53,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+pub use answer::{Answer, KEEP};
+use schedule::{schedule, shutdown};
 
 /// The execution mode of the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +110,15 @@ pub enum Outcome {
     TimedOut,
 }
 
+/// A fault in the delivery of one invocation's event to the runtime's `GET next`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextFault {
+    /// The answer lacks `Lambda-Runtime-Aws-Request-Id`.
+    NoRequestId,
+    /// The answer promises the whole payload (`Content-Length`), sends half and hangs up.
+    TruncatedBody,
+}
+
 #[derive(Debug)]
 struct Ext {
     name: String,
@@ -110,6 +133,7 @@ struct Inv {
     id: String,
     payload: Bytes,
     deadline_ms: u64,
+    fault: Option<NextFault>,
 }
 
 /// A refusal the double answered, for tests to read.
@@ -129,7 +153,10 @@ struct State {
     queue: VecDeque<Inv>,
     running: HashMap<String, Inv>,
     outcomes: HashMap<String, Outcome>,
+    answers: HashMap<String, Answer>,
+    first_chunks: HashMap<String, Bytes>,
     runtime_waiting: usize,
+    runtime_nexts: usize,
     max_in_flight: usize,
     dispatched: usize,
     registration_closed: bool,
@@ -243,6 +270,16 @@ impl Platform {
 
     /// Queues an invocation of `payload`; returns its request id.
     pub fn invoke(&self, payload: serde_json::Value) -> String {
+        self.queue(payload, None)
+    }
+
+    /// Queues an invocation of `payload` whose event reaches the runtime with `fault`; returns
+    /// its request id.
+    pub fn invoke_with_fault(&self, payload: serde_json::Value, fault: NextFault) -> String {
+        self.queue(payload, Some(fault))
+    }
+
+    fn queue(&self, payload: serde_json::Value, fault: Option<NextFault>) -> String {
         let mut s = self.shared.lock();
         s.next_inv += 1;
         let id = format!("req-{}-{}", s.next_inv, now_ms() % 100_000);
@@ -250,6 +287,7 @@ impl Platform {
             id: id.clone(),
             payload: Bytes::from(payload.to_string()),
             deadline_ms: 0,
+            fault,
         });
         drop(s);
         self.shared.touch();
@@ -263,6 +301,31 @@ impl Platform {
             shared.lock().outcomes.get(id).cloned()
         })
         .await
+    }
+
+    /// Waits until the runtime posted an answer to invocation `id` and its body ended or broke,
+    /// at most `limit`.
+    pub async fn answer(&self, id: &str, limit: Duration) -> Option<Answer> {
+        let shared = self.shared.clone();
+        wait(&self.shared, limit, move || {
+            shared.lock().answers.get(id).cloned()
+        })
+        .await
+    }
+
+    /// Waits until the first chunk of the runtime's answer to `id` arrived (while a streamed
+    /// answer still runs), at most `limit`; returns that chunk.
+    pub async fn first_chunk(&self, id: &str, limit: Duration) -> Option<Bytes> {
+        let shared = self.shared.clone();
+        wait(&self.shared, limit, move || {
+            shared.lock().first_chunks.get(id).cloned()
+        })
+        .await
+    }
+
+    /// How many runtime `GET invocation/next` requests arrived.
+    pub fn runtime_nexts(&self) -> usize {
+        self.shared.lock().runtime_nexts
     }
 
     /// Waits until `f` of the state holds, at most `limit`.
@@ -365,87 +428,5 @@ async fn wait<T>(shared: &Shared, limit: Duration, f: impl Fn() -> Option<T>) ->
         if tokio::time::timeout_at(end, changed).await.is_err() {
             return f();
         }
-    }
-}
-
-fn shutdown(shared: &Shared, reason: &str) {
-    let mut s = shared.lock();
-    s.shut_down = true;
-    s.frozen = false;
-    signal_groups(&s.freeze_groups, Signal::SIGCONT);
-    let event = serde_json::json!({
-        "eventType": "SHUTDOWN",
-        "shutdownReason": reason,
-        "deadlineMs": now_ms() + 2000,
-    });
-    for e in s
-        .exts
-        .iter_mut()
-        .filter(|e| e.events.iter().any(|v| v == "SHUTDOWN"))
-    {
-        e.queue.push_back(event.clone());
-    }
-    drop(s);
-    shared.touch();
-}
-
-/// The background rules: freeze (standard, SnapStart) and timeouts.
-async fn schedule(shared: Arc<Shared>) {
-    loop {
-        let changed = shared.changed.notified();
-        // The decision and the SIGSTOP happen under one lock: nothing can be dispatched between
-        // "everyone waits in /next" and the freeze.
-        let (froze, expired, next_deadline) = {
-            let mut s = shared.lock();
-            let standard = !matches!(shared.options.mode, Mode::ManagedInstances { .. });
-            let freeze = standard
-                && !s.frozen
-                && !s.shut_down
-                && s.running.is_empty()
-                && s.queue.is_empty()
-                && s.runtime_waiting > 0
-                && !s.exts.is_empty()
-                && s.exts.iter().all(|e| e.waiting && e.queue.is_empty())
-                && !s.freeze_groups.is_empty();
-            if freeze {
-                s.frozen = true;
-                s.freezes += 1;
-                signal_groups(&s.freeze_groups, Signal::SIGSTOP);
-            }
-            let now = now_ms();
-            let expired: Vec<String> = s
-                .running
-                .values()
-                .filter(|i| i.deadline_ms <= now)
-                .map(|i| i.id.clone())
-                .collect();
-            let next = s.running.values().map(|i| i.deadline_ms).min();
-            (freeze, expired, next)
-        };
-        if froze {
-            shared.touch();
-            continue;
-        }
-        for id in expired {
-            let standard = !matches!(shared.options.mode, Mode::ManagedInstances { .. });
-            let group = {
-                let mut s = shared.lock();
-                s.running.remove(&id);
-                s.outcomes.insert(id.clone(), Outcome::TimedOut);
-                s.runtime_group
-            };
-            if standard {
-                // The runtime is stopped first, then the extensions hear SHUTDOWN.
-                if let Some(g) = group {
-                    signal_groups(&[g], Signal::SIGKILL);
-                }
-                shutdown(&shared, "timeout");
-            }
-            shared.touch();
-        }
-        let sleep = next_deadline.map_or(Duration::from_secs(3600), |d| {
-            Duration::from_millis(d.saturating_sub(now_ms()).max(1))
-        });
-        let _ = tokio::time::timeout(sleep, changed).await;
     }
 }
