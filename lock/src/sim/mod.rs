@@ -55,6 +55,8 @@ mod monitor;
 pub(crate) mod mutant;
 #[cfg(test)]
 mod mutations;
+#[cfg(test)]
+mod named;
 pub(crate) mod net;
 mod scenario;
 #[cfg(test)]
