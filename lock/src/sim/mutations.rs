@@ -161,6 +161,16 @@ fn a_seat_take_that_ignores_the_watermark_runs_a_done_tick_again() {
     );
 }
 
+#[test]
+fn a_coalescing_waiter_that_never_withdraws_is_caught() {
+    caught_by(
+        "coalescing waiter never withdraws",
+        mutant(Mutant::CoalesceNeverWithdraws),
+        2000,
+        &["coalesce"],
+    );
+}
+
 /// The sweep's removal must stay conditioned on the entry it judged: without any condition, a
 /// removal removes whatever the key holds when it lands, which may have changed since the
 /// (eventually consistent) scan read it.
