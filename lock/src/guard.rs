@@ -122,7 +122,7 @@ impl LockGuard {
     /// must run it (see [`LockGuard::release_done`]).
     pub async fn release(self) -> Result<ReleaseOutcome, Error> {
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::ReleaseAlwaysMarks) {
+        if crate::mutant::on(crate::mutant::Mutant::ReleaseAlwaysMarks) {
             return self.finish(true).await;
         }
         self.finish(false).await

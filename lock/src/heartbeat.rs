@@ -236,7 +236,7 @@ impl Drop for Membership {
         }
         self.cancel.cancel();
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+        if crate::mutant::on(crate::mutant::Mutant::AbandonLeavesRows) {
             return;
         }
         // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
@@ -425,7 +425,7 @@ impl Heartbeat {
     /// The pause between renewals (under a test-only mutant, a whole lease).
     fn interval(&self) -> Duration {
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::HeartbeatEveryLease) {
+        if crate::mutant::on(crate::mutant::Mutant::HeartbeatEveryLease) {
             return self.timing.opts.lease;
         }
         self.timing.interval
@@ -441,7 +441,7 @@ impl Heartbeat {
 /// lost signal must fire at once).
 fn gone_retried() -> bool {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::GoneRetriedUntilLease) {
+    if crate::mutant::on(crate::mutant::Mutant::GoneRetriedUntilLease) {
         return true;
     }
     false

@@ -72,6 +72,8 @@ pub mod lambda;
 pub(crate) mod liveness;
 mod locker;
 mod memory;
+#[cfg(test)]
+mod mutant;
 pub mod options;
 mod retry;
 pub mod schema;

@@ -136,7 +136,7 @@ impl Observer {
     /// before it.
     pub fn seen_alive(&self, owner: &str, now: Instant) -> bool {
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::BusyAtFirstSight) {
+        if crate::mutant::on(crate::mutant::Mutant::BusyAtFirstSight) {
             return self.seen.contains_key(owner);
         }
         self.seen

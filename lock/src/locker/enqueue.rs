@@ -128,7 +128,7 @@ impl Attempt<'_> {
             Verdict::Live
                 if row.acquired_at_ms.is_none()
                     && !row.seat
-                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitersAheadIgnored) =>
+                    && crate::mutant::on(crate::mutant::Mutant::WaitersAheadIgnored) =>
             {
                 Ok(false)
             }
@@ -136,7 +136,7 @@ impl Attempt<'_> {
             #[cfg(test)]
             Verdict::Stale
                 if self.opts.wait == Wait::NoWait
-                    && crate::sim::mutant::on(crate::sim::mutant::Mutant::SkipTrustsEveryRow) =>
+                    && crate::mutant::on(crate::mutant::Mutant::SkipTrustsEveryRow) =>
             {
                 Ok(true)
             }

@@ -27,7 +27,7 @@ impl InFlight {
     pub(super) fn abandon(&mut self) {
         let tickets = std::mem::take(&mut self.tickets);
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
+        if crate::mutant::on(crate::mutant::Mutant::AbandonLeavesRows) {
             return;
         }
         if tickets.is_empty() {

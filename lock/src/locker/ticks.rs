@@ -50,11 +50,11 @@ impl Attempt<'_> {
     /// — without an ordered tick, any later ticket (arrival order).
     pub(super) fn waiter_answer(&self, counter: &Counter, ticket: u64) -> Option<Error> {
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::WaiterIgnoresWatermark) {
+        if crate::mutant::on(crate::mutant::Mutant::WaiterIgnoresWatermark) {
             return None;
         }
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::CoalesceNeverWithdraws) {
+        if crate::mutant::on(crate::mutant::Mutant::CoalesceNeverWithdraws) {
             return self
                 .ordered_tick()
                 .filter(|t| counter.done(*t))

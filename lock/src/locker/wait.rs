@@ -266,11 +266,11 @@ impl Attempt<'_> {
                 pause = jittered(self.opts.max_poll, jitter);
             }
             #[cfg(test)]
-            if crate::sim::mutant::on(crate::sim::mutant::Mutant::LazyLooks) {
+            if crate::mutant::on(crate::mutant::Mutant::LazyLooks) {
                 pause *= 20;
             }
             #[cfg(test)]
-            let overshoots = crate::sim::mutant::on(crate::sim::mutant::Mutant::WaitOvershoots);
+            let overshoots = crate::mutant::on(crate::mutant::Mutant::WaitOvershoots);
             #[cfg(not(test))]
             let overshoots = false;
             if overshoots && self.deadline.is_some() {

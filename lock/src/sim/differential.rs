@@ -443,7 +443,7 @@ async fn the_model_answers_as_dynamodb_local_does() {
 /// simulation runs the model's conditions, so only this test can see `storage/dynamo.rs`'s.)
 #[tokio::test]
 async fn a_broken_request_condition_in_store_is_caught() {
-    use super::mutant::{plant, Mutant};
+    use crate::mutant::{plant, Mutant};
     for m in [
         Mutant::StoreHeartbeatOwnerOnly,
         Mutant::StoreVacateAnyOwner,

@@ -33,7 +33,7 @@
 //!    and its mark (the documented window: the tick runs again).
 //! 7. Availability ([`availability`]): no spurious loss, prompt loss notice, tight waits,
 //!    takeover in every wait mode, progress under contention, each with the exact bound
-//!    PROTOCOL.md states. Deliberate defects in the protocol's own code ([`mutant`]) show each
+//!    PROTOCOL.md states. Deliberate defects in the protocol's own code ([`crate::mutant`]) show each
 //!    check failing (`mutations.rs`); the run counts every kind of answer the table gave, and
 //!    how often each check applied, for the coverage table.
 //!
@@ -52,7 +52,7 @@ mod availability;
 mod differential;
 pub(crate) mod model;
 mod monitor;
-pub(crate) mod mutant;
+
 #[cfg(test)]
 mod mutations;
 #[cfg(test)]
@@ -127,7 +127,7 @@ pub(crate) fn run(seed: u64, knobs: Knobs) -> Report {
 }
 
 async fn simulate(seed: u64, knobs: Knobs) -> Report {
-    let _planted = mutant::plant(knobs.mutant);
+    let _planted = crate::mutant::plant(knobs.mutant);
     let origin = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let keys = plan_keys(&mut rng, &knobs);

@@ -8,9 +8,9 @@
 //! (`differential.rs`), since the simulation runs the model's.
 
 use super::model::Mutation;
-use super::mutant::Mutant;
 use super::scenario::Knobs;
 use super::tests::caught_by;
+use crate::mutant::Mutant;
 
 fn mutant(m: Mutant) -> Knobs {
     Knobs {

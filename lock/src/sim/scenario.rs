@@ -7,8 +7,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::model::Mutation;
-use super::mutant;
 use super::net::Faults;
+use crate::mutant;
 use crate::options::{ClockSkew, LockOptions, Wait};
 
 /// The true wall time at the start of every run, epoch ms (2026-01-01).

@@ -352,7 +352,7 @@ pub(crate) const HEARTBEAT_CONDITION: &str = "#owner = :owner AND #until <= :unt
 /// must see the difference).
 fn heartbeat_condition() -> &'static str {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreHeartbeatOwnerOnly) {
+    if crate::mutant::on(crate::mutant::Mutant::StoreHeartbeatOwnerOnly) {
         return "#owner = :owner AND #until = #until";
     }
     HEARTBEAT_CONDITION

@@ -323,7 +323,7 @@ impl Sweeper {
 /// The sweep's grace (under the test-only mutant: none).
 fn grace(opts: &SweepOptions) -> std::time::Duration {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::SweepWithoutGrace) {
+    if crate::mutant::on(crate::mutant::Mutant::SweepWithoutGrace) {
         return std::time::Duration::ZERO;
     }
     opts.grace

@@ -192,7 +192,7 @@ pub(crate) const ENQUEUE_TICK_CONDITION: &str = "(attribute_not_exists(#td) OR #
 /// differential test must see the difference).
 fn enqueue_tick_condition() -> &'static str {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreEnqueueIgnoresWatermark) {
+    if crate::mutant::on(crate::mutant::Mutant::StoreEnqueueIgnoresWatermark) {
         return "(attribute_not_exists(#td) OR #td = #td OR :tick = :tick)";
     }
     ENQUEUE_TICK_CONDITION

@@ -106,7 +106,7 @@ impl Dynamo {
             values.insert(format!(":v{i}"), value.clone());
         }
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner)
+        if crate::mutant::on(crate::mutant::Mutant::StoreVacateAnyOwner)
             && equal.iter().any(|(a, _)| *a == schema::OWNER)
             && lease_before.is_none()
         {
@@ -142,7 +142,7 @@ impl Dynamo {
 /// version, so the differential test must see the difference.)
 fn stale_condition() -> &'static str {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreStaleDeleteUnconditional) {
+    if crate::mutant::on(crate::mutant::Mutant::StoreStaleDeleteUnconditional) {
         return "#rvn = :rvn OR attribute_exists(#rvn)";
     }
     "#rvn = :rvn"
@@ -152,7 +152,7 @@ fn stale_condition() -> &'static str {
 /// `rvn` term, so the differential test must see the difference.)
 fn sweep_condition() -> &'static str {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreSweepWithoutRvn) {
+    if crate::mutant::on(crate::mutant::Mutant::StoreSweepWithoutRvn) {
         return "#owner = :owner AND (#rvn = :rvn OR attribute_exists(#rvn)) AND #until < :cutoff";
     }
     DELETE_CONDITION

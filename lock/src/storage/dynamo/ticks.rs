@@ -18,7 +18,7 @@ pub(crate) const MARK_CONDITION: &str = "(attribute_not_exists(#td) OR #td <= :t
 /// [`MARK_CONDITION`], or under the test-only mutant one that moves the watermark backwards too.
 fn mark_condition() -> &'static str {
     #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreMarkBackwards) {
+    if crate::mutant::on(crate::mutant::Mutant::StoreMarkBackwards) {
         return "(attribute_not_exists(#td) OR #td = #td OR :tick = :tick)";
     }
     MARK_CONDITION
@@ -52,7 +52,7 @@ impl Dynamo {
         #[allow(unused_mut)]
         let mut ours = format!("{owner_p} = :owner AND {ticket_p} = :ticket");
         #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreVacateAnyOwner) {
+        if crate::mutant::on(crate::mutant::Mutant::StoreVacateAnyOwner) {
             ours = format!("attribute_exists({owner_p}) AND :owner = :owner AND :ticket = :ticket");
         }
         let result = self

@@ -2,7 +2,7 @@
 //! switch, so the mutation suite can show that a check sees what it claims to.
 //!
 //! A switch is set for one thread: a simulated run drives every task of the protocol on one
-//! current-thread runtime (the thread that calls [`super::run`]), and the differential test runs
+//! current-thread runtime (the thread that calls `sim::run`), and the differential test runs
 //! on its own `#[tokio::test]` thread, so schedules of the real protocol that other tests run in
 //! parallel never see another test's defect. Outside `cfg(test)` none of this is compiled.
 
