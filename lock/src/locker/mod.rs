@@ -169,6 +169,13 @@ impl Locker {
         self.store.table()
     }
 
+    /// Whether DynamoDB (or anything at its endpoint) has answered any request of this locker
+    /// yet. Until it has, nothing can have been written in its name that needs cleaning up, and
+    /// a connection or signing failure is a setting to fix rather than a fault to retry.
+    pub fn has_answered(&self) -> bool {
+        self.store.answered()
+    }
+
     /// Checks the table as `flightlock create-table` does: it exists, its keys are `pk`/`sk`
     /// (strings) and TTL is on `expiresAt`. Needs `dynamodb:DescribeTable` and
     /// `dynamodb:DescribeTimeToLive`. Lambda users call it at init ([`crate::lambda::gate::Gate`] does).

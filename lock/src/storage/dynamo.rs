@@ -71,6 +71,10 @@ impl aws_sdk_dynamodb::config::Intercept for Answered {
 }
 
 impl Storage for Dynamo {
+    fn answered(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
         let this = self.clone();
         Box::pin(async move {

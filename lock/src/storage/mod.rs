@@ -412,6 +412,12 @@ impl Failure {
 pub(crate) trait Storage: Send + Sync + fmt::Debug + 'static {
     /// Sends one request.
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>>;
+
+    /// Whether any request has been answered (by the table or anything at its endpoint). An
+    /// in-memory storage always answers.
+    fn answered(&self) -> bool {
+        true
+    }
 }
 
 /// The primary key of a key's counter item.

@@ -51,6 +51,11 @@ impl Store {
         &self.table
     }
 
+    /// Whether the table (or anything at its endpoint) has ever answered this store.
+    pub(crate) fn answered(&self) -> bool {
+        self.storage.answered()
+    }
+
     pub(super) async fn call(&self, request: Request) -> Result<Response, Failure> {
         self.storage.call(request).await
     }

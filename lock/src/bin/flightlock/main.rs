@@ -15,8 +15,6 @@ mod status;
 mod sweep;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use flightlock::{ClockSkew, LockOptions, Wait};
@@ -85,18 +83,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// The client, and a flag that turns true once any response has come back to it.
-    async fn watched_client(&self) -> (aws_sdk_dynamodb::Client, Arc<AtomicBool>) {
-        let answered = Arc::new(AtomicBool::new(false));
-        let client = self.client().await;
-        let config = client
-            .config()
-            .to_builder()
-            .interceptor(Answered(answered.clone()))
-            .build();
-        (aws_sdk_dynamodb::Client::from_conf(config), answered)
-    }
-
+    /// A DynamoDB client for these settings (credentials and region from the usual chain).
     async fn client(&self) -> aws_sdk_dynamodb::Client {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(region) = &self.region {
@@ -106,26 +93,6 @@ impl Conn {
             loader = loader.endpoint_url(url);
         }
         aws_sdk_dynamodb::Client::new(&loader.load().await)
-    }
-}
-
-/// Sets its flag when a response arrives: whether DynamoDB ever answered this process.
-#[derive(Debug)]
-struct Answered(Arc<AtomicBool>);
-
-impl aws_sdk_dynamodb::config::Intercept for Answered {
-    fn name(&self) -> &'static str {
-        "flightlock-cli-answered"
-    }
-
-    fn read_before_deserialization(
-        &self,
-        _context: &aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextRef<'_>,
-        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        self.0.store(true, Ordering::Relaxed);
-        Ok(())
     }
 }
 

@@ -6,7 +6,6 @@
 //! 0 without running, saying so in one stderr line. A command that fails marks nothing.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -104,7 +103,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     }
-    let (client, answered) = args.conn.watched_client().await;
+    let client = args.conn.client().await;
     let locker = Locker::new(client, &args.conn.table);
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -112,8 +111,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let progress = tokio::spawn(progress(locker.clone(), args.key.clone(), opts.clone()));
     let acquired = tokio::select! {
         r = locker.acquire(&args.key, &opts) => r,
-        _ = sigint.recv() => return interrupted(&locker, &answered, progress, 130).await,
-        _ = sigterm.recv() => return interrupted(&locker, &answered, progress, 143).await,
+        _ = sigint.recv() => return interrupted(&locker, progress, 130).await,
+        _ = sigterm.recv() => return interrupted(&locker, progress, 143).await,
     };
     progress.abort();
     let guard = match acquired {
@@ -264,12 +263,11 @@ async fn progress(locker: Locker, key: String, opts: LockOptions) {
 /// that landed with its answer lost is removed all the same).
 async fn interrupted(
     locker: &Locker,
-    answered: &AtomicBool,
     progress: tokio::task::JoinHandle<()>,
     code: u8,
 ) -> anyhow::Result<ExitCode> {
     progress.abort();
-    if answered.load(Ordering::Relaxed) {
+    if locker.has_answered() {
         eprintln!("flightlock: interrupted while waiting; leaving the queue");
     } else {
         eprintln!("flightlock: interrupted before DynamoDB ever answered; no lock was held");
