@@ -7,7 +7,7 @@ use crate::clock::millis;
 use crate::holder::HolderInfo;
 use crate::schema::Snapshot;
 
-/// One row of [`Locker::queue`].
+/// One row of [`crate::Locker::queue`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
