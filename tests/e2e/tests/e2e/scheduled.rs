@@ -1,0 +1,366 @@
+//! End-to-end: scheduled jobs, once per tick (issue 17). EventBridge scheduled events delivered
+//! to environments of one function through the layer (extension + wrapper, Python under
+//! `awslambdaric`), on DynamoDB Local, with the README's scheduled-job recipe: the function name
+//! as the key, `FLIGHTLOCK_WAIT=0`, `skip`, and `FLIGHTLOCK_TICK` left at its default `auto`
+//! (the tick is the event's `time`). Runs are counted from what the handler itself records (the
+//! record file), never from the extension's answers. No assertion depends on timing: a run that
+//! must still be going is held by a file the test writes when it is done with it
+//! (`holdFile`), and a waiter is known to wait when the table shows its row.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use flightlock::{ClockSkew, Locker, QueueEntry};
+use flightlock_e2e::{
+    assert_no_overlap, record_file, runs, start_all, stop_all, Env, Runtime, Spec,
+};
+use flightlock_testkit::{fresh_table, FreshTable};
+use serde_json::{json, Value};
+
+/// The function (and so the lock key: the recipe sets no `FLIGHTLOCK_KEY`).
+const FUNCTION: &str = "nightly";
+
+/// The minute `offset` minutes from now, as an EventBridge `time` (`2026-11-24T10:00:00Z`).
+fn minute(offset: i64) -> String {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let at = (now / 60 + offset) * 60;
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(at as u64);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// An EventBridge scheduled event as a rule delivers it; every delivery of one tick (duplicates,
+/// retries) carries the same `id` and `time`. `seq` and the fields of `control` are for the
+/// demo handler (what to record, how to behave); the layer reads only `source`, `detail-type`
+/// and `time`.
+fn scheduled(seq: i64, time: &str, control: Value) -> Value {
+    let mut event = json!({
+        "version": "0",
+        "id": format!("7bf73129-1428-4cd3-a780-95db273d{seq:04}"),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": "123456789012",
+        "time": time,
+        "region": "us-east-1",
+        "resources": ["arn:aws:events:us-east-1:123456789012:rule/nightly"],
+        "detail": {},
+        "seq": seq,
+    });
+    if let (Some(e), Some(c)) = (event.as_object_mut(), control.as_object()) {
+        e.extend(c.clone());
+    }
+    event
+}
+
+/// Panics unless `r` is the documented skip body with this `reason`, for `tick`.
+fn assert_skipped(r: &Value, reason: &str, env: &Env) {
+    let f = &r["flightlock"];
+    assert_eq!(f["skipped"], true, "not skipped: {r}\n{}", env.log());
+    assert_eq!(f["reason"], reason, "{r}\n{}", env.log());
+    assert_eq!(f["key"], FUNCTION, "{r}");
+    assert!(!f["tick"].is_null(), "the skip body names no tick: {r}");
+}
+
+/// Waits until the handler has recorded `n` starts (the runs are in the record file).
+async fn wait_runs(record: &Path, n: usize) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while runs(record).len() < n {
+        assert!(
+            Instant::now() < until,
+            "the handler did not start {n} runs within 60 s: {:#?}",
+            runs(record)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the key's queue, as the table has it, satisfies `ok`; returns it.
+async fn wait_queue(
+    locker: &Locker,
+    what: &str,
+    ok: impl Fn(&[QueueEntry]) -> bool,
+) -> Vec<QueueEntry> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let q = locker
+            .queue(FUNCTION, ClockSkew::Bounded(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        if ok(&q) {
+            return q;
+        }
+        assert!(Instant::now() < until, "{what} within 60 s; queue: {q:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A fresh table, a record file, and `n` environments of the function with the recipe's
+/// settings plus `extra`.
+async fn setup(
+    name: &str,
+    n: usize,
+    extra: &[(&str, &str)],
+) -> (FreshTable, std::path::PathBuf, Vec<Env>) {
+    let fresh = fresh_table(&format!("e2e_{name}")).await;
+    let record = record_file(name);
+    let mut spec = Spec::layered(FUNCTION, Runtime::Python).with("FLIGHTLOCK_WAIT", "0");
+    for (k, v) in extra {
+        spec = spec.with(k, v);
+    }
+    let specs = vec![spec; n];
+    let envs = start_all(name, &specs, &fresh.endpoint, &fresh.table, &record).await;
+    (fresh, record, envs)
+}
+
+/// The seqs of the recorded runs, in start order.
+fn ran(record: &Path) -> Vec<i64> {
+    runs(record).iter().map(|r| r.seq.unwrap()).collect()
+}
+
+async fn teardown(envs: Vec<Env>, record: &Path, files: &[&Path]) {
+    stop_all(envs).await;
+    for f in files.iter().copied().chain([record]) {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_after_the_run_finished_is_answered_duplicate_and_never_runs() {
+    let (_fresh, record, envs) = setup("tick_dup", 2, &[]).await;
+    let tick = scheduled(1, &minute(-5), json!({}));
+
+    let first = envs[0].invoke(tick.clone()).await.json();
+    assert_eq!(first["ok"], true, "{first}\n{}", envs[0].log());
+    // The same delivery again, 2 s later as in the issue, to the other environment, then once
+    // more to the one that ran it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for env in [&envs[1], &envs[0]] {
+        let again = env.invoke(tick.clone()).await.json();
+        assert_skipped(&again, "duplicate", env);
+    }
+    assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
+    assert!(
+        envs[1]
+            .wait_log("\"Duplicates\"", Duration::from_secs(5))
+            .await,
+        "no Duplicates metric:\n{}",
+        envs[1].log()
+    );
+
+    // The next tick is a tick of its own: it runs.
+    let next = envs[1].invoke(scheduled(2, &minute(-4), json!({}))).await;
+    assert_eq!(next.json()["ok"], true, "{}", envs[1].log());
+    assert_eq!(ran(&record), vec![1, 2]);
+    teardown(envs, &record, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_while_the_run_goes_on_is_busy_and_after_it_a_duplicate() {
+    let (_fresh, record, envs) = setup("tick_busy", 2, &[]).await;
+    let hold = record_file("tick_busy_hold");
+    let tick = scheduled(1, &minute(-5), json!({"holdFile": hold}));
+
+    let (first, dup) = tokio::join!(envs[0].invoke(tick.clone()), async {
+        wait_runs(&record, 1).await;
+        // While the first delivery runs: the recipe's policy (wait 0, skip) answers busy,
+        // naming the run that holds the key.
+        let busy = envs[1].invoke(tick.clone()).await.json();
+        std::fs::write(&hold, b"").unwrap();
+        busy
+    });
+    assert_skipped(&dup, "busy", &envs[1]);
+    let holder = &runs(&record)[0].request_id;
+    assert_eq!(dup["flightlock"]["heldBy"]["requestId"], *holder, "{dup}");
+    assert_eq!(first.json()["ok"], true, "{}", envs[0].log());
+
+    // After it succeeded, the same delivery is a duplicate.
+    let after = envs[1].invoke(tick.clone()).await.json();
+    assert_skipped(&after, "duplicate", &envs[1]);
+    assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
+    teardown(envs, &record, &[&hold]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_that_waited_for_the_run_is_answered_duplicate_when_it_succeeds() {
+    // With a wait instead of the recipe's 0: the duplicate queues behind the run, and learns
+    // at its grant that the tick is done.
+    let (fresh, record, envs) = setup("tick_waited", 2, &[("FLIGHTLOCK_WAIT", "25s")]).await;
+    let locker = Locker::new(fresh.client.clone(), &fresh.table);
+    let hold = record_file("tick_waited_hold");
+    let tick = scheduled(1, &minute(-5), json!({"holdFile": hold}));
+
+    let (first, dup) = tokio::join!(envs[0].invoke(tick.clone()), async {
+        wait_runs(&record, 1).await;
+        let (dup, ()) = tokio::join!(envs[1].invoke(tick.clone()), async {
+            wait_queue(&locker, "the duplicate did not queue", |q| q.len() == 2).await;
+            std::fs::write(&hold, b"").unwrap();
+        });
+        dup.json()
+    });
+    assert_eq!(first.json()["ok"], true, "{}", envs[0].log());
+    assert_skipped(&dup, "duplicate", &envs[1]);
+    assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
+    // The duplicate took its row away: nothing is left queued on the key.
+    wait_queue(
+        &locker,
+        "the duplicate's row was not removed",
+        <[QueueEntry]>::is_empty,
+    )
+    .await;
+    teardown(envs, &record, &[&hold]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_crashed_run_does_not_mark_its_tick_so_the_retry_runs() {
+    let (fresh, record, envs) = setup("tick_retry", 2, &[]).await;
+    let locker = Locker::new(fresh.client.clone(), &fresh.table);
+    let marker = record_file("tick_retry_error");
+    let tick = scheduled(
+        1,
+        &minute(-5),
+        json!({"firstMode": "error", "firstMarker": marker}),
+    );
+
+    // The first delivery fails (an invocation error: Lambda and EventBridge retry it) ...
+    let failed = envs[0].invoke(tick.clone()).await.json();
+    assert_eq!(failed["errorType"], "RuntimeError", "{failed}");
+    // ... so the retry, the very same event, runs; after its success, a duplicate does not.
+    let retry = envs[1].invoke(tick.clone()).await.json();
+    assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
+    let dup = envs[0].invoke(tick.clone()).await.json();
+    assert_skipped(&dup, "duplicate", &envs[0]);
+    assert_eq!(ran(&record), vec![1, 1], "{:#?}", runs(&record));
+
+    // The same with a crash (the runtime process exits in the middle of the run).
+    let crash_marker = record_file("tick_retry_crash");
+    let tick = scheduled(
+        2,
+        &minute(-4),
+        json!({"firstMode": "crash", "firstMarker": crash_marker}),
+    );
+    let crashed = envs[0].invoke(tick.clone()).await;
+    assert!(
+        String::from_utf8_lossy(&crashed.body).contains("Runtime.ExitError"),
+        "{:?}",
+        crashed.body
+    );
+    // The extension releases the crashed run's lock (it sees the runtime exit, or SHUTDOWN);
+    // the retry comes once the key is free, as with wait 0 it would otherwise be answered busy.
+    wait_queue(
+        &locker,
+        "the crashed run's lock was not released",
+        <[QueueEntry]>::is_empty,
+    )
+    .await;
+    let retry = envs[1].invoke(tick.clone()).await.json();
+    assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
+    let dup = envs[1].invoke(tick.clone()).await.json();
+    assert_skipped(&dup, "duplicate", &envs[1]);
+    assert_eq!(ran(&record), vec![1, 1, 2, 2], "{:#?}", runs(&record));
+    teardown(envs, &record, &[&marker, &crash_marker]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_tick_is_dropped_without_touching_the_table() {
+    let (fresh, record, envs) = setup("tick_stale", 2, &[("FLIGHTLOCK_STALE_AFTER", "10m")]).await;
+
+    // A delivery of a tick two hours old (after hours of retries): dropped, the handler does
+    // not run, and nothing was written for it.
+    let old = envs[0]
+        .invoke(scheduled(1, &minute(-120), json!({})))
+        .await
+        .json();
+    assert_skipped(&old, "stale", &envs[0]);
+    assert!(runs(&record).is_empty(), "{:#?}", runs(&record));
+    let items = fresh
+        .client
+        .scan()
+        .table_name(&fresh.table)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(items.count(), 0, "a stale tick wrote: {:?}", items.items());
+    assert!(
+        envs[0]
+            .wait_log("\"StaleTicks\"", Duration::from_secs(5))
+            .await,
+        "no StaleTicks metric:\n{}",
+        envs[0].log()
+    );
+
+    // A tick within the bound runs.
+    let fresh_tick = envs[1]
+        .invoke(scheduled(2, &minute(-1), json!({})))
+        .await
+        .json();
+    assert_eq!(fresh_tick["ok"], true, "{fresh_tick}\n{}", envs[1].log());
+    assert_eq!(ran(&record), vec![2]);
+    teardown(envs, &record, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overrun_then_three_ticks_under_coalesce_runs_once_more_for_the_newest() {
+    let (fresh, record, envs) = setup(
+        "tick_coalesce",
+        4,
+        &[("FLIGHTLOCK_WAIT", "25s"), ("FLIGHTLOCK_COALESCE", "on")],
+    )
+    .await;
+    let locker = Locker::new(fresh.client.clone(), &fresh.table);
+    let hold = record_file("tick_coalesce_hold");
+    let overrun = scheduled(0, &minute(-5), json!({"holdFile": hold}));
+    let ticks: Vec<Value> = (1..=3)
+        .map(|seq| scheduled(seq, &minute(seq - 5), json!({})))
+        .collect();
+    let envs: Vec<Arc<Env>> = envs.into_iter().map(Arc::new).collect();
+    let invoke = |i: usize, event: &Value| {
+        let (env, event) = (envs[i].clone(), event.clone());
+        tokio::spawn(async move { env.invoke(event).await.json() })
+    };
+
+    // Tick 0 overruns: it runs until the test lets it end. Ticks 1, 2, 3 arrive meanwhile, in
+    // order, each once the one before waits: each newer one replaces the waiting one.
+    let first = invoke(0, &overrun);
+    wait_runs(&record, 1).await;
+    let t1 = invoke(1, &ticks[0]);
+    wait_queue(&locker, "tick 1 did not queue", |q| q.len() == 2).await;
+    let t2 = invoke(2, &ticks[1]);
+    let r1 = t1.await.unwrap();
+    assert_skipped(&r1, "superseded", &envs[1]);
+    let t3 = invoke(3, &ticks[2]);
+    let r2 = t2.await.unwrap();
+    assert_skipped(&r2, "superseded", &envs[2]);
+    // A late retry of tick 1 while tick 3 waits: answered superseded at once.
+    let late = envs[1].invoke(ticks[0].clone()).await.json();
+    assert_skipped(&late, "superseded", &envs[1]);
+
+    std::fs::write(&hold, b"").unwrap();
+    let r0 = first.await.unwrap();
+    assert_eq!(r0["ok"], true, "{r0}\n{}", envs[0].log());
+    let r3 = t3.await.unwrap();
+    assert_eq!(r3["ok"], true, "{r3}\n{}", envs[3].log());
+    // Exactly one more run after the overrun, for the newest tick, and never two at once.
+    assert_eq!(ran(&record), vec![0, 3], "{:#?}", runs(&record));
+    assert_no_overlap(&runs(&record));
+    for env in [&envs[1], &envs[2]] {
+        assert!(
+            env.wait_log("\"Superseded\"", Duration::from_secs(5)).await,
+            "no Superseded metric:\n{}",
+            env.log()
+        );
+    }
+    wait_queue(
+        &locker,
+        "rows were left on the key",
+        <[QueueEntry]>::is_empty,
+    )
+    .await;
+    let envs = envs
+        .into_iter()
+        .map(|e| Arc::try_unwrap(e).unwrap_or_else(|_| panic!("an invocation is still going")))
+        .collect();
+    teardown(envs, &record, &[&hold]).await;
+}
