@@ -15,7 +15,7 @@ mod support;
 
 use std::time::Duration;
 
-use flightlock::lambda::config::KeyTemplate;
+use flightlock::lambda::key::KeyTemplate;
 use flightlock::{ClockSkew, EntryState, Locker};
 use support::{get, respond, Event, FakeRuntimeApi, NEXT};
 

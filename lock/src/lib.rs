@@ -38,7 +38,7 @@
 //! | `holder` | [`HolderInfo`]: who holds or waits, for people |
 //! | `table` | creating and checking the table |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
-//! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`, key templates), `gate` (one decision per invocation: key, acquire within the deadline, skip / error, release), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
+//! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`), `key` (key templates), `gate` (one decision per invocation: key, acquire within the deadline, skip / error, release), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
 //!
 //! ## Guarantees
 //!

@@ -138,8 +138,7 @@ async fn bad_overrides_and_a_missing_table_fail_the_invocation() {
 
 #[test]
 fn keyed_event_renders_the_documented_key() {
-    let template =
-        flightlock::lambda::config::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
+    let template = flightlock::lambda::key::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
     assert_eq!(
         template.render(&event("keyed.json")).unwrap(),
         "job-acct-42"

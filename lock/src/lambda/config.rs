@@ -14,12 +14,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
+use super::key::KeyTemplate;
 use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
 use crate::schema::HolderInfo;
-
-mod key;
-mod seek;
-pub use key::{KeyError, KeyTemplate};
 
 /// Prefix of every flightlock variable.
 pub const PREFIX: &str = "FLIGHTLOCK_";

@@ -1,8 +1,9 @@
 //! The Lambda integration, one module tree: what both adapters (the extension's proxy and the
 //! in-process tower layer) share, and the layer itself.
 //!
-//! - [`config`]: the `FLIGHTLOCK_*` variables, parsed from an injected map, the key templates
-//!   (`config::KeyTemplate`).
+//! - [`config`]: the `FLIGHTLOCK_*` variables, parsed from an injected map.
+//! - [`key`]: the key templates ([`key::KeyTemplate`]): a lock key rendered from the event and
+//!   the tenant id.
 //! - [`body`]: the error types and the error / skip bodies an invocation is answered with.
 //! - [`gate`]: one decision per invocation (key, lock, skip or error, release) within the
 //!   invocation's deadline.
@@ -14,6 +15,7 @@
 pub mod body;
 pub mod config;
 pub mod gate;
+pub mod key;
 #[cfg(feature = "lambda")]
 mod layer;
 pub mod metrics;

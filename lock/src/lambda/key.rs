@@ -1,10 +1,13 @@
-//! Lock keys rendered from the invocation: `job-{/detail/accountId}` reads the event,
-//! `job-{tenant}` the tenant of a function in tenant isolation mode.
+//! Lock keys rendered from the invocation (`FLIGHTLOCK_KEY`): `job-{/detail/accountId}` reads
+//! the event, `job-{tenant}` the tenant of a function in tenant isolation mode. Pure; the
+//! event's fields are found by a streaming walk (`key/seek.rs`), so no tree of the event is built.
 
 use std::fmt;
 
-use super::seek::{self, Found};
+mod seek;
+
 use crate::schema::validate_key;
+use seek::Found;
 
 /// One piece of a [`KeyTemplate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +164,7 @@ impl KeyTemplate {
 
     /// Renders the key from the raw event bytes, with memory bounded by the template, not the
     /// event: each placeholder's field is found by a streaming walk that skips everything else
-    /// (see `config/seek.rs`); no `serde_json::Value` of the event is built. The event is
+    /// (see `key/seek.rs`); no `serde_json::Value` of the event is built. The event is
     /// parsed only if the template reads it. Same results as [`KeyTemplate::render`].
     pub fn render_bytes(&self, event: &[u8]) -> Result<String, KeyError> {
         self.render_invocation(event, None)
