@@ -364,3 +364,45 @@ async fn an_overrun_then_three_ticks_under_coalesce_runs_once_more_for_the_newes
         .collect();
     teardown(envs, &record, &[&hold]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_process_layer_runs_a_tick_once_and_a_failed_run_is_retried() {
+    // The Rust job with the in-process tower layer instead of the extension: the same recipe,
+    // the same answers. The demo Rust handler fails on `"mode": "error"`; the tick is the
+    // event's `time` alone, so the retry below is a delivery of the same tick.
+    let fresh = fresh_table("e2e_tick_inproc").await;
+    let record = record_file("tick_inproc");
+    let spec = Spec {
+        extension: false,
+        wrapper: false,
+        ..Spec::layered(FUNCTION, Runtime::RustInProcess).with("FLIGHTLOCK_WAIT", "0")
+    };
+    let envs = start_all(
+        "inproc",
+        &[spec.clone(), spec],
+        &fresh.endpoint,
+        &fresh.table,
+        &record,
+    )
+    .await;
+    let time = minute(-5);
+
+    let failed = envs[0]
+        .invoke(scheduled(1, &time, json!({"mode": "error"})))
+        .await
+        .json();
+    assert!(
+        !failed["errorType"].is_null(),
+        "{failed}\n{}",
+        envs[0].log()
+    );
+    let tick = scheduled(1, &time, json!({}));
+    let retry = envs[1].invoke(tick.clone()).await.json();
+    assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
+    for env in [&envs[0], &envs[1]] {
+        let dup = env.invoke(tick.clone()).await.json();
+        assert_skipped(&dup, "duplicate", env);
+    }
+    assert_eq!(ran(&record), vec![1, 1], "{:#?}", runs(&record));
+    teardown(envs, &record, &[]).await;
+}
