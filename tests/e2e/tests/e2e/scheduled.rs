@@ -55,13 +55,20 @@ fn scheduled(seq: i64, time: &str, control: Value) -> Value {
     event
 }
 
-/// Panics unless `r` is the documented skip body with this `reason`, for `tick`.
-fn assert_skipped(r: &Value, reason: &str, env: &Env) {
+/// Panics unless `r` is the documented skip body with this `reason`, naming the tick of
+/// `event` (its `time`, as an instant: the body writes it in RFC 3339 UTC).
+fn assert_skipped(r: &Value, reason: &str, event: &Value, env: &Env) {
     let f = &r["flightlock"];
     assert_eq!(f["skipped"], true, "not skipped: {r}\n{}", env.log());
     assert_eq!(f["reason"], reason, "{r}\n{}", env.log());
     assert_eq!(f["key"], FUNCTION, "{r}");
-    assert!(!f["tick"].is_null(), "the skip body names no tick: {r}");
+    let instant = |v: &Value| v.as_str().and_then(|t| humantime::parse_rfc3339(t).ok());
+    assert!(
+        instant(&f["tick"]).is_some() && instant(&f["tick"]) == instant(&event["time"]),
+        "the skip body names tick {} for an event of {}: {r}",
+        f["tick"],
+        event["time"]
+    );
 }
 
 /// Waits until the handler has recorded `n` starts (the runs are in the record file).
@@ -139,7 +146,7 @@ async fn a_duplicate_after_the_run_finished_is_answered_duplicate_and_never_runs
     tokio::time::sleep(Duration::from_secs(2)).await;
     for env in [&envs[1], &envs[0]] {
         let again = env.invoke(tick.clone()).await.json();
-        assert_skipped(&again, "duplicate", env);
+        assert_skipped(&again, "duplicate", &tick, env);
     }
     assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
     assert!(
@@ -171,14 +178,14 @@ async fn a_duplicate_while_the_run_goes_on_is_busy_and_after_it_a_duplicate() {
         std::fs::write(&hold, b"").unwrap();
         busy
     });
-    assert_skipped(&dup, "busy", &envs[1]);
+    assert_skipped(&dup, "busy", &tick, &envs[1]);
     let holder = &runs(&record)[0].request_id;
     assert_eq!(dup["flightlock"]["heldBy"]["requestId"], *holder, "{dup}");
     assert_eq!(first.json()["ok"], true, "{}", envs[0].log());
 
     // After it succeeded, the same delivery is a duplicate.
     let after = envs[1].invoke(tick.clone()).await.json();
-    assert_skipped(&after, "duplicate", &envs[1]);
+    assert_skipped(&after, "duplicate", &tick, &envs[1]);
     assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
     teardown(envs, &record, &[&hold]).await;
 }
@@ -201,7 +208,7 @@ async fn a_duplicate_that_waited_for_the_run_is_answered_duplicate_when_it_succe
         dup.json()
     });
     assert_eq!(first.json()["ok"], true, "{}", envs[0].log());
-    assert_skipped(&dup, "duplicate", &envs[1]);
+    assert_skipped(&dup, "duplicate", &tick, &envs[1]);
     assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
     // The duplicate took its row away: nothing is left queued on the key.
     wait_queue(
@@ -231,7 +238,7 @@ async fn a_failed_or_crashed_run_does_not_mark_its_tick_so_the_retry_runs() {
     let retry = envs[1].invoke(tick.clone()).await.json();
     assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
     let dup = envs[0].invoke(tick.clone()).await.json();
-    assert_skipped(&dup, "duplicate", &envs[0]);
+    assert_skipped(&dup, "duplicate", &tick, &envs[0]);
     assert_eq!(ran(&record), vec![1, 1], "{:#?}", runs(&record));
 
     // The same with a crash (the runtime process exits in the middle of the run).
@@ -258,7 +265,7 @@ async fn a_failed_or_crashed_run_does_not_mark_its_tick_so_the_retry_runs() {
     let retry = envs[1].invoke(tick.clone()).await.json();
     assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
     let dup = envs[1].invoke(tick.clone()).await.json();
-    assert_skipped(&dup, "duplicate", &envs[1]);
+    assert_skipped(&dup, "duplicate", &tick, &envs[1]);
     assert_eq!(ran(&record), vec![1, 1, 2, 2], "{:#?}", runs(&record));
     teardown(envs, &record, &[&marker, &crash_marker]).await;
 }
@@ -269,11 +276,9 @@ async fn a_stale_tick_is_dropped_without_touching_the_table() {
 
     // A delivery of a tick two hours old (after hours of retries): dropped, the handler does
     // not run, and nothing was written for it.
-    let old = envs[0]
-        .invoke(scheduled(1, &minute(-120), json!({})))
-        .await
-        .json();
-    assert_skipped(&old, "stale", &envs[0]);
+    let stale = scheduled(1, &minute(-120), json!({}));
+    let old = envs[0].invoke(stale.clone()).await.json();
+    assert_skipped(&old, "stale", &stale, &envs[0]);
     assert!(runs(&record).is_empty(), "{:#?}", runs(&record));
     let items = fresh
         .client
@@ -329,13 +334,13 @@ async fn an_overrun_then_three_ticks_under_coalesce_runs_once_more_for_the_newes
     wait_queue(&locker, "tick 1 did not queue", |q| q.len() == 2).await;
     let t2 = invoke(2, &ticks[1]);
     let r1 = t1.await.unwrap();
-    assert_skipped(&r1, "superseded", &envs[1]);
+    assert_skipped(&r1, "superseded", &ticks[0], &envs[1]);
     let t3 = invoke(3, &ticks[2]);
     let r2 = t2.await.unwrap();
-    assert_skipped(&r2, "superseded", &envs[2]);
+    assert_skipped(&r2, "superseded", &ticks[1], &envs[2]);
     // A late retry of tick 1 while tick 3 waits: answered superseded at once.
     let late = envs[1].invoke(ticks[0].clone()).await.json();
-    assert_skipped(&late, "superseded", &envs[1]);
+    assert_skipped(&late, "superseded", &ticks[0], &envs[1]);
 
     std::fs::write(&hold, b"").unwrap();
     let r0 = first.await.unwrap();
@@ -401,7 +406,7 @@ async fn the_in_process_layer_runs_a_tick_once_and_a_failed_run_is_retried() {
     assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
     for env in [&envs[0], &envs[1]] {
         let dup = env.invoke(tick.clone()).await.json();
-        assert_skipped(&dup, "duplicate", env);
+        assert_skipped(&dup, "duplicate", &tick, env);
     }
     assert_eq!(ran(&record), vec![1, 1], "{:#?}", runs(&record));
     teardown(envs, &record, &[]).await;
