@@ -116,6 +116,31 @@ pub enum Error {
         /// The holder, if known.
         holder: Option<Box<HeldBy>>,
     },
+    /// Once per tick: the tick already ran successfully (a duplicate delivery or a retry of a
+    /// run that succeeded), or a newer tick did (a schedule never runs backwards). The lock is
+    /// not held and nothing was left in the table.
+    #[error(
+        "lock `{key}`: tick {tick} is already done (the key's last successful tick is {done})"
+    )]
+    TickDone {
+        /// Lock key.
+        key: String,
+        /// Our tick.
+        tick: String,
+        /// The done tick that covers ours: ours, or a newer one.
+        done: String,
+    },
+    /// Coalesce: a newer tick (or a later waiter) queued behind this waiter, which withdrew.
+    /// The lock is not held and nothing was left in the table.
+    #[error("lock `{key}`: tick {tick} was superseded by {by}, which waits for the key instead")]
+    Superseded {
+        /// Lock key.
+        key: String,
+        /// Our tick (or our ticket, without a tick).
+        tick: String,
+        /// The newer tick (or ticket) that replaced us.
+        by: String,
+    },
     /// DynamoDB kept throttling past the retry budget.
     #[error(
         "DynamoDB throttled dynamodb:{operation} beyond the retry budget: lower the request rate \

@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::heartbeat::{current, LostReason, Membership, RowState};
 use crate::memory::{Hint, Memory};
 use crate::storage::Owned;
+use crate::tick::Tick;
 
 /// A held lock. It heartbeats in the background until [`LockGuard::release`] (or drop, which
 /// releases in the background).
@@ -26,6 +27,9 @@ pub struct LockGuard {
     /// behind us), so our release leaves no hint.
     contended: bool,
     memory: Arc<Memory>,
+    /// The run's tick ([`crate::LockOptions::tick`]) and how long a done id is kept (boxed: a
+    /// guard is moved around in outcome enums, and most have no tick).
+    tick: Option<Box<(Tick, Duration)>>,
 }
 
 /// What [`LockGuard::release`] found.
@@ -45,6 +49,7 @@ impl LockGuard {
         granted_at: tokio::time::Instant,
         contended: bool,
         memory: Arc<Memory>,
+        tick: Option<Box<(Tick, Duration)>>,
     ) -> Self {
         memory.holding(&membership.key, membership.ticket);
         LockGuard {
@@ -53,6 +58,7 @@ impl LockGuard {
             granted_at,
             contended,
             memory,
+            tick,
         }
     }
 
@@ -111,11 +117,43 @@ impl LockGuard {
         self.lost_signal().wait().await
     }
 
-    /// Stops the heartbeat, then deletes our row. Reports whether it was still ours.
-    pub async fn release(mut self) -> Result<ReleaseOutcome, Error> {
+    /// Stops the heartbeat, then deletes our row. Reports whether it was still ours. With a
+    /// [`crate::LockOptions::tick`], the tick is *not* marked done: the run failed, and retries
+    /// must run it (see [`LockGuard::release_done`]).
+    pub async fn release(self) -> Result<ReleaseOutcome, Error> {
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::ReleaseAlwaysMarks) {
+            return self.finish(true).await;
+        }
+        self.finish(false).await
+    }
+
+    /// The run succeeded: marks its tick ([`crate::LockOptions::tick`]) done, then releases as
+    /// [`LockGuard::release`] does. Without a tick it is `release`.
+    ///
+    /// An ordered tick held on the seat (the uncontended path) is marked by the release's own
+    /// write; held on a queue row, the counter is marked first (one more request); a tick id's
+    /// record is written first (one more write). A lock already lost marks nothing (errs on
+    /// running again). If the process dies before the mark lands, the tick is not marked and a
+    /// retry runs it again: the window is one write's round trip.
+    pub async fn release_done(self) -> Result<ReleaseOutcome, Error> {
+        self.finish(true).await
+    }
+
+    async fn finish(mut self, succeeded: bool) -> Result<ReleaseOutcome, Error> {
         let Some(m) = self.membership.take() else {
             return Ok(ReleaseOutcome::Lost);
         };
+        let mut done = None;
+        let mut mark_error = None;
+        if let (Some(tick), true) = (&self.tick, succeeded) {
+            if let RowState::Live(_) = m.state() {
+                match crate::done::mark(&m, &tick.0, tick.1).await {
+                    Ok(d) => done = d,
+                    Err(e) => mark_error = Some(e),
+                }
+            }
+        }
         let key = m.key.clone();
         let hint = Hint {
             ticket: m.ticket,
@@ -123,7 +161,7 @@ impl LockGuard {
         };
         let held = tokio::time::Instant::now().saturating_duration_since(self.granted_at);
         let hint_ticket = m.ticket;
-        let result = m.leave().await;
+        let result = m.leave_done(done).await;
         // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
         // were granted and cannot reappear, so if the counter still stands at `ticket` the queue
         // is empty and the next acquire can skip its read. Not after a contended hold: others
@@ -134,9 +172,14 @@ impl LockGuard {
         self.memory.held(&key, held);
         // Waiters of this process look at once instead of at their next poll.
         self.memory.let_go(&key, hint_ticket);
-        match result? {
-            Owned::Yes => Ok(ReleaseOutcome::Released),
-            Owned::No => Ok(ReleaseOutcome::Lost),
+        let outcome = match result? {
+            Owned::Yes => ReleaseOutcome::Released,
+            Owned::No | Owned::NotMarked => ReleaseOutcome::Lost,
+        };
+        match mark_error {
+            // Released, but the tick could not be marked: say so (a retry will run it again).
+            Some(e) => Err(e),
+            None => Ok(outcome),
         }
     }
 }

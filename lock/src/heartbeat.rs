@@ -113,7 +113,7 @@ pub(crate) struct Membership {
     /// Wall-clock ms of the grant (0: not granted yet), for `acquiredAtMs`.
     granted_at_ms: Arc<AtomicI64>,
     failures: Arc<AtomicU64>,
-    clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Clock>,
     left: bool,
 }
 
@@ -199,7 +199,13 @@ impl Membership {
     }
 
     /// Stops the heartbeat and deletes the row. `Owned::No` means it was not ours any more.
-    pub(crate) async fn leave(mut self) -> Result<Owned, Error> {
+    pub(crate) async fn leave(self) -> Result<Owned, Error> {
+        self.leave_done(None).await
+    }
+
+    /// [`Membership::leave`]; for the seat, with `done`, marking that ordered tick done in the
+    /// same write (a newer tick marked: released without the mark).
+    pub(crate) async fn leave_done(mut self, done: Option<i64>) -> Result<Owned, Error> {
         self.left = true;
         self.cancel.cancel();
         if let Some(task) = self.task.take() {
@@ -207,32 +213,19 @@ impl Membership {
             // it still lands, fails its condition once the row is gone.
             let _ = task.await;
         }
-        if let RowState::Lost(_) = self.state() {
-            // Still try to delete: if the row is ours (e.g. the lease ran out while DynamoDB was
-            // unreachable) removing it hands the key on sooner.
-            return match delete_with_retry(
-                &self.store,
-                &*self.clock,
-                &self.key,
-                self.ticket,
-                self.seat,
-                &self.owner,
-            )
-            .await
-            {
-                Ok(_) => Ok(Owned::No),
-                Err(e) => Err(e),
-            };
-        }
-        delete_with_retry(
+        let lost = matches!(self.state(), RowState::Lost(_));
+        // Lost: still try to delete: if the row is ours (e.g. the lease ran out while DynamoDB
+        // was unreachable) removing it hands the key on sooner.
+        let owned = delete_with_retry(
             &self.store,
             &*self.clock,
             &self.key,
-            self.ticket,
-            self.seat,
+            (self.ticket, self.seat),
             &self.owner,
+            done,
         )
-        .await
+        .await?;
+        Ok(if lost { Owned::No } else { owned })
     }
 }
 
@@ -259,7 +252,7 @@ impl Drop for Membership {
             );
             let tracker = self.store.background().clone();
             tracker.spawn_on(async move {
-                if let Err(e) = delete_with_retry(&store, &*clock, &key, ticket, seat, &owner).await {
+                if let Err(e) = delete_with_retry(&store, &*clock, &key, (ticket, seat), &owner, None).await {
                     tracing::warn!(key = %key, ticket, error = %e, "background release failed; the row will be passed over after its lease");
                 }
             }, &rt);
@@ -273,20 +266,28 @@ impl Drop for Membership {
 /// earlier attempt deleted it: that is `Owned::Yes`. (The alternative — someone else deleted
 /// our row in the few milliseconds between — needs our lease to have run out in between, which
 /// the caller's lost signal reports on its own.)
+///
+/// `done` (the seat only) marks that ordered tick done in the same write; if a newer tick is
+/// marked already ([`Owned::NotMarked`]) the seat is released without the mark.
 pub(crate) async fn delete_with_retry(
     store: &Store,
     clock: &dyn Clock,
     key: &str,
-    ticket: u64,
-    seat: bool,
+    (ticket, seat): (u64, bool),
     owner: &str,
+    mut done: Option<i64>,
 ) -> Result<Owned, Error> {
     let give_up = Instant::now() + Duration::from_secs(5);
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
-        let failure = match store.delete_owned(key, ticket, seat, owner).await {
+        let failure = match store.delete_owned(key, ticket, seat, owner, done).await {
             Ok(Owned::No) if ambiguous => return Ok(Owned::Yes),
+            Ok(Owned::NotMarked) => {
+                tracing::warn!(key, ticket, tick = ?done, "a newer tick is marked done already; releasing without marking ours");
+                done = None;
+                continue;
+            }
             Ok(o) => return Ok(o),
             Err(f) => f,
         };
@@ -303,7 +304,7 @@ pub(crate) async fn delete_with_retry(
 
 /// How a release retries: for up to 5 s, short pauses (a release in a `Drop` runs in the
 /// background; a process that exits waits for it).
-const RELEASE_RETRY: Policy = Policy {
+pub(crate) const RELEASE_RETRY: Policy = Policy {
     base: Duration::from_millis(25),
     max: Duration::from_millis(500),
     attempts: u32::MAX,

@@ -37,6 +37,7 @@
 //! | `status` | inspecting a key's queue ([`QueueEntry`]) |
 //! | `holder` | [`HolderInfo`]: who holds or waits, for people |
 //! | `table` | creating and checking the table |
+//! | `tick` | once per tick: [`Tick`], the watermark and the per-id record, the crash window |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
 //! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`), `key` (key templates), `gate` (one decision per invocation: key, acquire within the deadline, skip / error, release), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
 //!
@@ -57,6 +58,7 @@
 //! 6. **Safe release**: the heartbeat stops first; a late heartbeat cannot bring a row back.
 
 pub mod clock;
+mod done;
 pub mod error;
 mod guard;
 mod heartbeat;
@@ -74,6 +76,7 @@ mod status;
 mod storage;
 pub mod sweep;
 pub mod table;
+pub mod tick;
 
 pub use clock::{Clock, SkewedClock, SystemClock};
 pub use error::{Error, HeldBy};
@@ -84,3 +87,4 @@ pub use locker::Locker;
 pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
 pub use status::{EntryState, QueueEntry};
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};
+pub use tick::Tick;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::holder::HolderInfo;
+use crate::tick::Tick;
 
 /// How long an acquisition may wait for the key ("record wait").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +113,26 @@ pub struct LockOptions {
     /// the invocation deadline plus a grace, so a sandbox that is frozen or killed mid-invocation
     /// frees the key soon after its deadline. Reaching it fires the lost signal. Default: none.
     pub lease_cap: Option<std::time::SystemTime>,
+    /// Once per tick: the identity of the scheduled run this acquisition is for. An acquisition
+    /// for a tick already done (see [`crate::tick`]) is answered [`Error::TickDone`], without the
+    /// lock and without anything left in the table; [`crate::LockGuard::release_done`] marks it
+    /// done. Default: none (every acquisition runs).
+    pub tick: Option<Tick>,
+    /// How long the record of a done [`Tick::Id`] is kept (TTL) before a late duplicate of it
+    /// would run again. Default 30 h: EventBridge retries for up to 24 h, Lambda's asynchronous
+    /// queue for up to 6 h. Ordered ticks ([`Tick::At`]) need no record.
+    pub tick_keep: Duration,
+    /// Coalesce overruns: at most one later run waits, the newest. A waiter that sees a newer
+    /// tick (or, without a tick, a later ticket) queued behind it withdraws and answers
+    /// [`Error::Superseded`]; an acquisition whose read shows a newer tick already queued answers
+    /// it at once. Needs a wait (not [`Wait::NoWait`]). Default: off (every waiter waits its turn).
+    pub coalesce: bool,
 }
+
+/// The default [`LockOptions::tick_keep`]: 30 h.
+pub const DEFAULT_TICK_KEEP: Duration = Duration::from_secs(30 * 3600);
+/// The longest [`LockOptions::tick_keep`]: a year.
+pub const MAX_TICK_KEEP: Duration = Duration::from_secs(366 * 24 * 3600);
 
 impl Default for LockOptions {
     fn default() -> Self {
@@ -126,6 +146,9 @@ impl Default for LockOptions {
             ttl_grace: Duration::from_secs(3600),
             holder: HolderInfo::default(),
             lease_cap: None,
+            tick: None,
+            tick_keep: DEFAULT_TICK_KEEP,
+            coalesce: false,
         }
     }
 }
@@ -195,6 +218,28 @@ impl LockOptions {
                     "poll {:?} must be above zero and at most max poll {:?}",
                     self.poll, self.max_poll
                 ),
+            );
+        }
+        if let Some(tick) = &self.tick {
+            if let Err(problem) = tick.validate() {
+                return bad("tick", problem);
+            }
+        }
+        if self.tick_keep < Duration::from_secs(1) || self.tick_keep > MAX_TICK_KEEP {
+            return bad(
+                "tick keep",
+                format!(
+                    "{:?} is out of range; use 1s up to {:?} (default 30h)",
+                    self.tick_keep, MAX_TICK_KEEP
+                ),
+            );
+        }
+        if self.coalesce && self.wait == Wait::NoWait {
+            return bad(
+                "coalesce",
+                "coalescing needs a wait above zero: with no wait there is nothing to coalesce \
+                 into"
+                    .into(),
             );
         }
         if let ClockSkew::Bounded(skew) = self.clock_skew {

@@ -44,6 +44,33 @@ pub const LAST: &str = "last";
 /// changed by hand, so its `last` is not trusted without a full read.
 pub const LAST_OWNER: &str = "lastOwner";
 
+/// Counter attribute: the newest ordered tick ([`crate::Tick::At`], epoch ms) whose run
+/// succeeded (N). A watermark: only ever moved forward, by a release that marks its tick done.
+/// Every seat take and enqueue with an ordered tick is conditioned on it being below the tick.
+pub const TICK_DONE: &str = "tickDone";
+/// Counter attribute: the newest ordered tick that enqueued (N), kept by every enqueue with an
+/// ordered tick as the highest of the stored value and its own. Coalescing waiters older than it
+/// withdraw.
+pub const TICK_NEWEST: &str = "tickNewest";
+/// Prefix of a done [`crate::Tick::Id`]'s record sort key. It sorts after every queue row
+/// (`"tick#" > "q#…"`), so the queue's reads (bounded by `"counter"` and the highest row) never
+/// read or page through records.
+pub const TICK_PREFIX: &str = "tick#";
+
+/// The sort key of the record of the done tick id `id`.
+pub fn tick_sk(id: &str) -> String {
+    format!("{TICK_PREFIX}{id}")
+}
+
+/// A done tick id's record: its keys and its TTL, nothing else.
+pub fn tick_record(key: &str, id: &str, expires_at: i64) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (PK.to_owned(), s(key)),
+        (SK.to_owned(), s(&tick_sk(id))),
+        (EXPIRES_AT.to_owned(), n(expires_at)),
+    ])
+}
+
 /// The `lastOwner` value of a counter moved to `ticket` by `owner`.
 pub fn last_owner(owner: &str, ticket: u64) -> String {
     format!("{owner}:{ticket}")
@@ -276,9 +303,41 @@ pub struct Counter {
     pub last: u64,
     /// `lastOwner` (absent on counters written before it existed, or set by hand).
     pub owner: Option<String>,
+    /// `tickDone`: the newest ordered tick that succeeded, epoch ms.
+    pub tick_done: Option<i64>,
+    /// `tickNewest`: the newest ordered tick that enqueued, epoch ms.
+    pub tick_newest: Option<i64>,
 }
 
 impl Counter {
+    /// A counter as the hint knows it: `last` and `lastOwner`, nothing about ticks.
+    pub fn moved(owner: &str, ticket: u64) -> Counter {
+        Counter {
+            last: ticket,
+            owner: Some(last_owner(owner, ticket)),
+            tick_done: None,
+            tick_newest: None,
+        }
+    }
+
+    /// Decodes a counter item, naming the field that is wrong.
+    pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Counter, Error> {
+        Ok(Counter {
+            last: get_u64(key, item, LAST)?,
+            owner: match item.get(LAST_OWNER) {
+                Some(AttributeValue::S(o)) => Some(o.clone()),
+                _ => None,
+            },
+            tick_done: get_num(key, item, TICK_DONE)?,
+            tick_newest: get_num(key, item, TICK_NEWEST)?,
+        })
+    }
+
+    /// Whether the ordered tick `tick` is done by this counter's watermark (at or below it).
+    pub fn done(&self, tick: i64) -> bool {
+        self.tick_done.is_some_and(|d| d >= tick)
+    }
+
     /// Whether `last` is the ticket recorded in `lastOwner`: the counter was last moved by an
     /// enqueue, not set by hand.
     pub fn consistent(&self) -> bool {
@@ -310,13 +369,7 @@ impl Snapshot {
         for item in items {
             let sk = get_s(key, item, SK)?;
             if sk == COUNTER_SK {
-                snap.counter = Some(Counter {
-                    last: get_u64(key, item, LAST)?,
-                    owner: match item.get(LAST_OWNER) {
-                        Some(AttributeValue::S(o)) => Some(o.clone()),
-                        _ => None,
-                    },
-                });
+                snap.counter = Some(Counter::from_item(key, item)?);
             }
             if let Some(entry) = QueueRow::entry(key, item)? {
                 snap.rows.push(entry);

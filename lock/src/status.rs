@@ -103,6 +103,8 @@ mod tests {
             counter: Some(crate::schema::Counter {
                 last: 4,
                 owner: None,
+                tick_done: None,
+                tick_newest: None,
             }),
             rows: vec![row(1, 500), row(2, 5_000), row(3, 5_000), row(4, 1_900)],
         };

@@ -21,12 +21,21 @@
 // reflection (the only reflection used here), call ServerConnector.setHost("127.0.0.1") on its
 // connector(s), then start it.
 //
-// Usage (the flags are the stock DynamoDB Local flags, passed through unchanged):
+// Usage (the flags are the stock DynamoDB Local flags, passed through unchanged, plus our own
+// -exitWhenStdinCloses):
 //   java -Djava.library.path=<dir>/DynamoDBLocal_lib \
 //        -cp <launcher-classes-dir>:<dir>/DynamoDBLocal.jar:<dir>/DynamoDBLocal_lib/* \
-//        LoopbackDynamoDBLocal -inMemory -port 8000 -disableTelemetry [-sharedDb]
+//        LoopbackDynamoDBLocal -inMemory -port 8000 -disableTelemetry [-sharedDb] [-exitWhenStdinCloses]
+//
+// -exitWhenStdinCloses: the server exits when its standard input reaches end of file. The
+// testkit starts the server with a pipe as stdin and never writes to it; the kernel closes the
+// pipe when the test process ends, however it ends (even SIGKILL), so no server outlives its
+// tests, without a watcher process or signal handlers in the tests.
 
+import java.io.IOException;
 import java.lang.reflect.Field;
+import java.util.ArrayList;
+import java.util.List;
 
 import org.eclipse.jetty.server.Connector;
 import org.eclipse.jetty.server.Server;
@@ -41,10 +50,18 @@ public final class LoopbackDynamoDBLocal {
 
     private LoopbackDynamoDBLocal() {}
 
+    /** Our own flag (see the header); DynamoDB Local never sees it. */
+    private static final String EXIT_WHEN_STDIN_CLOSES = "-exitWhenStdinCloses";
+
     public static void main(String[] args) throws Exception {
+        final List<String> stock = new ArrayList<>(List.of(args));
+        if (stock.remove(EXIT_WHEN_STDIN_CLOSES)) {
+            exitWhenStdinCloses();
+        }
         // Same construction path as `java -jar DynamoDBLocal.jar` (ServerRunner.main), minus the
         // start: we must change the connector before Jetty binds its socket.
-        final DynamoDBProxyServer proxy = ServerRunner.createServerFromCommandLineArgs(args);
+        final DynamoDBProxyServer proxy =
+                ServerRunner.createServerFromCommandLineArgs(stock.toArray(new String[0]));
         if (proxy == null) {
             // e.g. -help / -version, or bad arguments: ServerRunner has already printed why.
             System.exit(2);
@@ -86,6 +103,22 @@ public final class LoopbackDynamoDBLocal {
         }
         System.out.flush();
         proxy.join();
+    }
+
+    /** Halts the JVM once stdin reaches end of file (the data is in memory: nothing to save). */
+    private static void exitWhenStdinCloses() {
+        Thread watcher = new Thread(() -> {
+            try {
+                while (System.in.read() != -1) {
+                    // Whatever is written is ignored; only the end matters.
+                }
+            } catch (IOException closed) {
+                // A broken stdin ends the server too.
+            }
+            Runtime.getRuntime().halt(0);
+        }, "exit-when-stdin-closes");
+        watcher.setDaemon(true);
+        watcher.start();
     }
 
     /** Reads DynamoDBProxyServer's private Jetty `server` field. */

@@ -16,6 +16,7 @@
 mod common;
 mod contention;
 mod plain;
+mod tick;
 
 use std::time::Duration;
 

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::*;
-use crate::clock::Clock;
+use super::inflight::InFlight;
+use super::{retry_pause, Locker, MIN_RETRY_BUDGET};
 use crate::clock::{millis, new_id};
 use crate::error::{Error, HeldBy};
 use crate::heartbeat::{delete_with_retry, Membership, Timing, Written};
 use crate::liveness::{backoff, jittered, Verdict};
 use crate::options::{LockOptions, Wait};
 use crate::schema::{Counter, NewRow, QueueRow, Snapshot};
-use crate::storage::{Enqueue, EnqueueRequest, StaleDelete, Store};
+use crate::storage::{Enqueue, EnqueueRequest, StaleDelete};
 
 /// The state of one `acquire` call.
 pub(super) struct Attempt<'a> {
@@ -38,64 +38,6 @@ pub(super) struct Attempt<'a> {
 pub(super) enum Source {
     Hint,
     Read,
-}
-
-/// An enqueue whose request may be on the wire: if the acquisition is dropped before it turns
-/// into a [`Membership`], the row it may have written is deleted in the background — at once,
-/// and again once the request can no longer land (after the attempt timeout), so a transaction
-/// that was still in flight cannot leave an orphan behind.
-pub(super) struct InFlight {
-    pub(super) store: Store,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) key: String,
-    pub(super) owner: String,
-    /// Entries (ticket, seat) that an unanswered or ambiguous request may have written.
-    pub(super) tickets: Vec<(u64, bool)>,
-}
-
-impl InFlight {
-    /// The rows that may exist, now that nobody will heartbeat them: removed in the background.
-    pub(super) fn abandon(&mut self) {
-        let tickets = std::mem::take(&mut self.tickets);
-        #[cfg(test)]
-        if crate::sim::mutant::on(crate::sim::mutant::Mutant::AbandonLeavesRows) {
-            return;
-        }
-        if tickets.is_empty() {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, clock, key, owner) = (
-            self.store.clone(),
-            self.clock.clone(),
-            self.key.clone(),
-            self.owner.clone(),
-        );
-        let tracker = store.background().clone();
-        tracker.spawn_on(
-            async move {
-                for pass in 0..2 {
-                    if pass == 1 {
-                        tokio::time::sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
-                    }
-                    for &(t, seat) in &tickets {
-                        if let Err(e) = delete_with_retry(&store, &*clock, &key, t, seat, &owner).await {
-                            tracing::warn!(key = %key, ticket = t, error = %e, "could not remove a possibly written row; it goes stale after one lease");
-                        }
-                    }
-                }
-            },
-            &rt,
-        );
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.abandon();
-    }
 }
 
 /// A prepared enqueue: one ticket, one token, one byte-identical request, and the lease it
@@ -155,6 +97,10 @@ impl Attempt<'_> {
             .locker
             .read_with_retry(self.key, self.retry_budget())
             .await?;
+        // Before anything is judged or removed: a done tick answers without writing.
+        if let Some(e) = self.counter_answer(snap.counter.as_ref()) {
+            return Err(e);
+        }
         self.max_seen = self
             .max_seen
             .max(snap.counter.as_ref().map_or(0, |c| c.last))
@@ -294,6 +240,8 @@ impl Attempt<'_> {
         let wall = clock.wall_ms();
         let lease_until_ms = opts.lease_until_ms(wall);
         let rvn = new_id(clock);
+        let tick = self.ordered_tick();
+        let counter_newest = counter.tick_newest;
         let row = NewRow {
             key: self.key,
             ticket,
@@ -321,6 +269,8 @@ impl Attempt<'_> {
                 // `IdempotentParameterMismatch`, a fatal error.
                 token: format!("{rvn}{ticket:016x}"),
                 seat: clear,
+                tick,
+                newest: tick.map(|t| counter_newest.map_or(t, |n| n.max(t))),
             },
             first_sent,
             wall,
@@ -345,10 +295,7 @@ impl Attempt<'_> {
         self.surveyed = None;
         let hint = self.locker.memory.hint(self.key);
         let mut expected = hint.as_ref().map(|h| {
-            let counter = Counter {
-                last: h.ticket,
-                owner: Some(crate::schema::last_owner(&h.owner, h.ticket)),
-            };
+            let counter = Counter::moved(&h.owner, h.ticket);
             (counter, Source::Hint, true)
         });
         // Our own last ticket counts as seen: even a counter deleted by hand after we released
@@ -440,6 +387,10 @@ impl Attempt<'_> {
                 Ok(Enqueue::CounterAt(current)) => {
                     // Definite: nothing was written at this ticket.
                     in_flight.tickets.retain(|&(t, _)| t != ticket);
+                    // The counter as it stands tells "done" (or "superseded") from "moved".
+                    if let Some(e) = self.counter_answer(current.as_ref()) {
+                        return Err(e);
+                    }
                     self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
                     let adopt = |c: &Counter| source == Source::Read && c.consistent();
                     let Some(current) = current.filter(adopt) else {
@@ -466,8 +417,15 @@ impl Attempt<'_> {
                         "an earlier enqueue of ours landed late; removing it and queueing again"
                     );
                     let seat = p.request.seat;
-                    delete_with_retry(&self.locker.store, &*clock, self.key, ticket, seat, &owner)
-                        .await?;
+                    delete_with_retry(
+                        &self.locker.store,
+                        &*clock,
+                        self.key,
+                        (ticket, seat),
+                        &owner,
+                        None,
+                    )
+                    .await?;
                     self.max_seen = self.max_seen.max(ticket);
                     expected = None;
                 }

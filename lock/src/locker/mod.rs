@@ -47,6 +47,8 @@ use crate::storage::Dynamo;
 use crate::storage::{Failure, Storage, Store};
 
 mod enqueue;
+mod inflight;
+mod ticks;
 mod wait;
 
 use enqueue::Attempt;
@@ -238,6 +240,19 @@ impl Locker {
                     None => continue, // our row was removed while we waited: queue again
                 }
             };
+            if let Some(crate::tick::Tick::Id(id)) = &opts.tick {
+                // A tick id is checked once the key is held: nobody else can record it now.
+                let recorded = crate::done::recorded(&self.store, &*self.clock, key, id).await;
+                if !matches!(recorded, Ok(false)) {
+                    drop(membership.leave().await);
+                    recorded?;
+                    return Err(Error::TickDone {
+                        key: key.to_owned(),
+                        tick: id.clone(),
+                        done: id.clone(),
+                    });
+                }
+            }
             let waited = self.clock.now().duration_since(started);
             tracing::debug!(
                 key,
@@ -251,6 +266,7 @@ impl Locker {
                 self.clock.now(),
                 !clear,
                 self.memory.clone(),
+                opts.tick.clone().map(|t| Box::new((t, opts.tick_keep))),
             ));
         }
     }

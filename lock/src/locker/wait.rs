@@ -1,12 +1,14 @@
 //! The wait: looks below our row, paced by place and hold time, until no live entry is ahead,
 //! the deadline passes, or our row is gone.
 
-use super::enqueue::*;
-use super::*;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::enqueue::Attempt;
+use super::retry_pause;
 use crate::error::Error;
 use crate::heartbeat::{Membership, RowState};
 use crate::liveness::{jittered, Pace};
-use crate::schema::QueueRow;
+use crate::schema::{Counter, QueueRow, COUNTER_SK, SK};
 
 impl Attempt<'_> {
     /// Looks below our row: one `Query` of the rows at or below our ticket, nearest first (one
@@ -28,6 +30,7 @@ impl Attempt<'_> {
         let give_up = self.retry_budget();
         let mut start = None;
         let mut first = true;
+        let mut counter_read = false;
         loop {
             let mut failures = 0;
             let asked = self.now();
@@ -46,7 +49,18 @@ impl Attempt<'_> {
                 }
             };
             // The counter ends the queue (it sorts below every row); its seat, if taken, is the
-            // queue's first entry, and an empty counter is no entry at all.
+            // queue's first entry, and an empty counter is no entry at all. Read in the same page
+            // as the grant, it also answers whether our tick is done (the run ahead succeeded)
+            // or superseded.
+            for item in &items {
+                if matches!(item.get(SK), Some(AttributeValue::S(sk)) if sk == COUNTER_SK) {
+                    counter_read = true;
+                    let counter = Counter::from_item(self.key, item)?;
+                    if let Some(answer) = self.waiter_answer(&counter, m.ticket) {
+                        return Err(answer);
+                    }
+                }
+            }
             let entries = items
                 .iter()
                 .map(|item| QueueRow::entry(self.key, item))
@@ -64,6 +78,12 @@ impl Attempt<'_> {
                 }
                 let Some(row) = entry else { continue };
                 if self.alive(row, asked).await? {
+                    if self.opts.coalesce && !counter_read {
+                        // The page stopped short of the counter: a coalescing waiter reads it
+                        // (with the queue's head, one read unit) to see whether a newer tick or
+                        // waiter has queued behind it.
+                        self.head(m.ticket, give_up).await?;
+                    }
                     // Entries read below it are counted as ahead too (not judged: they are its
                     // business); a full page means there may be more. The counter is not one:
                     // counted, it put every waiter a place further back than it is, and the
@@ -93,15 +113,18 @@ impl Attempt<'_> {
         loop {
             let mut failures = 0;
             let asked = self.now();
-            let lowest = loop {
+            let (counter, lowest) = loop {
                 match self.locker.store.read_lowest(self.key).await {
-                    Ok(item) => break item,
+                    Ok(head) => break head,
                     Err(f) => {
                         failures += 1;
                         retry_pause(f, failures, give_up, &*self.locker.clock).await?;
                     }
                 }
             };
+            if let Some(answer) = counter.and_then(|c| self.waiter_answer(&c, m.ticket)) {
+                return Err(answer);
+            }
             let Some(row) = lowest else { return Ok(None) };
             if row.ticket >= m.ticket {
                 return Ok(None);
@@ -118,6 +141,27 @@ impl Attempt<'_> {
                 ahead,
                 adjacent: false,
             }));
+        }
+    }
+
+    /// Reads the counter (with the queue's head: `Range::Lowest`, one read unit) and answers a
+    /// waiter whose tick is done or superseded.
+    async fn head(&self, ticket: u64, give_up: tokio::time::Instant) -> Result<(), Error> {
+        let mut failures = 0;
+        loop {
+            match self.locker.store.read_lowest(self.key).await {
+                Ok((Some(counter), _)) => {
+                    return match self.waiter_answer(&counter, ticket) {
+                        Some(answer) => Err(answer),
+                        None => Ok(()),
+                    }
+                }
+                Ok((None, _)) => return Ok(()),
+                Err(f) => {
+                    failures += 1;
+                    retry_pause(f, failures, give_up, &*self.locker.clock).await?;
+                }
+            }
         }
     }
 

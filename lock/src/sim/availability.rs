@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Ctx, KeyPlan};
+use super::monitor::Ctx;
+use super::scenario::KeyPlan;
 use crate::options::{ClockSkew, Wait};
 
 /// Slack for the monitor's own sampling (it looks every 20 ms).

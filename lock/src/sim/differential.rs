@@ -24,6 +24,7 @@ use crate::storage::{Beat, EnqueueRequest, Failure, Item, Request, Response, Sto
 
 const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
 const RVNS: [&str; 3] = ["rvn-1", "rvn-2", "rvn-3"];
+const TICK_IDS: [&str; 2] = ["batch-1", "batch-2"];
 
 fn pick<'a>(rng: &mut StdRng, from: &[&'a str]) -> &'a str {
     from[rng.random_range(0..from.len())]
@@ -54,7 +55,22 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
     let key = format!("k{}", rng.random_range(0..2));
     let ticket = rng.random_range(1..=5);
     let owner = pick(rng, &OWNERS);
-    match rng.random_range(0..10) {
+    match rng.random_range(0..11) {
+        10 => match rng.random_range(0..3) {
+            0 => Request::MarkDone {
+                key,
+                tick: rng.random_range(1..=4),
+            },
+            1 => Request::TickRecorded {
+                key,
+                id: pick(rng, &TICK_IDS).to_owned(),
+            },
+            _ => Request::RecordTick {
+                key,
+                id: pick(rng, &TICK_IDS).to_owned(),
+                expires_at: 4_000_000_000,
+            },
+        },
         0..=3 => {
             if !sent.is_empty() && rng.random_bool(0.3) {
                 let mut again = sent[rng.random_range(0..sent.len())].clone();
@@ -72,8 +88,17 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                 _ => crate::schema::Counter {
                     last: rng.random_range(0..=5),
                     owner: rng.random_bool(0.7).then(|| pick(rng, &OWNERS).to_owned()),
+                    tick_done: None,
+                    tick_newest: None,
                 },
             };
+            // Ordered ticks around the few values the marks write, so every side of the
+            // watermark and of `tickNewest` comes up.
+            let tick = rng.random_bool(0.5).then(|| rng.random_range(1..=4_i64));
+            let newest = tick.and_then(|t| {
+                rng.random_bool(0.8)
+                    .then(|| counter.tick_newest.map_or(t, |n| n.max(t)))
+            });
             let r = EnqueueRequest {
                 key: key.clone(),
                 ticket,
@@ -82,6 +107,8 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                 owner: owner.to_owned(),
                 token: format!("{run:08x}-{:08x}", rng.random::<u32>()),
                 seat: rng.random_bool(0.35),
+                tick,
+                newest,
             };
             sent.push(r.clone());
             Request::Enqueue(r)
@@ -117,13 +144,20 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                     key,
                     ticket: r.ticket,
                     seat: r.seat,
-                    owner: r.owner,
+                    // Sometimes another owner's release of the entry that is there.
+                    owner: if rng.random_bool(0.25) {
+                        owner.to_owned()
+                    } else {
+                        r.owner
+                    },
+                    done: (r.seat && rng.random_bool(0.3)).then(|| rng.random_range(1..=4)),
                 },
                 None => Request::DeleteOwned {
                     key,
                     ticket,
                     seat: rng.random_bool(0.35),
                     owner: owner.to_owned(),
+                    done: rng.random_bool(0.3).then(|| rng.random_range(1..=4)),
                 },
             }
         }
@@ -231,8 +265,26 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
             let Ok(Response::Page { items, .. }) = real else {
                 return Err(format!("query failed: {real:?}"));
             };
-            if sorted(&items) != sorted(&model.partition(key)) {
+            let queue: Vec<Item> = model
+                .partition(key)
+                .into_iter()
+                .filter(|i| {
+                    !matches!(i.get(crate::schema::SK), Some(AttributeValue::S(sk))
+                        if sk.starts_with(crate::schema::TICK_PREFIX))
+                })
+                .collect();
+            if sorted(&items) != sorted(&queue) {
                 return Err(format!("seed {seed}: the tables differ for {key}"));
+            }
+            for id in TICK_IDS {
+                let request = Request::TickRecorded {
+                    key: key.into(),
+                    id: id.into(),
+                };
+                let real = normalize(&dynamo.call(request.clone()).await);
+                if real != normalize(&model.apply(&request, Instant::now())) {
+                    return Err(format!("seed {seed}: the records differ for {key} {id}"));
+                }
             }
         }
         // The next seed starts from the same state on both sides: both hold what they hold.
@@ -280,6 +332,11 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "seat StaleDelete(Revived)",
         "seat Owned(Yes)",
         "seat Owned(No)",
+        "seat Owned(NotMarked)",
+        "Marked(true)",
+        "Marked(false)",
+        "Recorded(true)",
+        "Recorded(false)",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),
@@ -298,6 +355,8 @@ async fn a_broken_request_condition_in_store_is_caught() {
         Mutant::StoreHeartbeatOwnerOnly,
         Mutant::StoreVacateAnyOwner,
         Mutant::StoreStaleDeleteUnconditional,
+        Mutant::StoreEnqueueIgnoresWatermark,
+        Mutant::StoreMarkBackwards,
     ] {
         let planted = plant(Some(m));
         let found = compare(8).await;

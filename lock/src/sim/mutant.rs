@@ -46,6 +46,15 @@ pub(crate) enum Mutant {
     StoreVacateAnyOwner,
     /// `storage/dynamo.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
     StoreStaleDeleteUnconditional,
+    /// `locker/ticks.rs`: an acquisition ignores the watermark it reads (the storage's conditions
+    /// still refuse a done tick's enqueue; a waiter's look no longer sees it).
+    AcquireIgnoresWatermark,
+    /// `guard.rs`: `release` (the failed run's) marks the tick done too.
+    ReleaseAlwaysMarks,
+    /// `storage/dynamo.rs`: the enqueue's tick condition passes whatever the watermark.
+    StoreEnqueueIgnoresWatermark,
+    /// `storage/dynamo/ticks.rs`: a release that marks a tick moves the watermark backwards too.
+    StoreMarkBackwards,
 }
 
 thread_local! {

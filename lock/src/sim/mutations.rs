@@ -9,8 +9,8 @@
 
 use super::model::Mutation;
 use super::mutant::Mutant;
+use super::scenario::Knobs;
 use super::tests::caught_by;
-use super::Knobs;
 
 fn mutant(m: Mutant) -> Knobs {
     Knobs {

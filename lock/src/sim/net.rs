@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::model::{Mutation, Table};
-use super::Trace;
+use super::trace::Trace;
 use crate::clock::Clock;
 use crate::storage::{Enqueue, Failure, Request, Response, Storage};
 
@@ -408,12 +408,20 @@ pub(crate) fn describe(r: &Request) -> String {
             &b.rvn[..6.min(b.rvn.len())]
         ),
         Request::DeleteOwned {
-            key, ticket, seat, ..
+            key,
+            ticket,
+            seat,
+            done,
+            ..
         } => format!(
-            "DeleteOwned({key} t{ticket}{})",
-            if *seat { " seat" } else { "" }
+            "DeleteOwned({key} t{ticket}{}{})",
+            if *seat { " seat" } else { "" },
+            done.map_or(String::new(), |d| format!(" done {d}"))
         ),
         Request::CreateCounter { key, last, .. } => format!("CreateCounter({key} at {last})"),
+        Request::MarkDone { key, tick } => format!("MarkDone({key} tick {tick})"),
+        Request::TickRecorded { key, id } => format!("TickRecorded({key} {id})"),
+        Request::RecordTick { key, id, .. } => format!("RecordTick({key} {id})"),
     }
 }
 
@@ -429,7 +437,13 @@ fn kind(request: &Request, response: &Response) -> String {
         Request::Scan(_) => (false, "Scan"),
         Request::Heartbeat(b) => (b.seat, "Heartbeat"),
         Request::CreateCounter { .. } => (false, "CreateCounter"),
-        Request::DeleteOwned { seat, .. } => (*seat, "DeleteOwned"),
+        Request::DeleteOwned {
+            seat, done: None, ..
+        } => (*seat, "DeleteOwned"),
+        Request::DeleteOwned { seat, .. } => (*seat, "DeleteOwnedDone"),
+        Request::MarkDone { .. } => (false, "MarkDone"),
+        Request::TickRecorded { .. } => (false, "TickRecorded"),
+        Request::RecordTick { .. } => (false, "RecordTick"),
     };
     let answer = match response {
         Response::Page { .. } | Response::Scanned { .. } => "page".to_owned(),
@@ -439,6 +453,8 @@ fn kind(request: &Request, response: &Response) -> String {
         Response::Renewal(o) => format!("{o:?}"),
         Response::Owned(o) => format!("{o:?}"),
         Response::Created(c) => format!("{c}"),
+        Response::Marked(m) => format!("marked {m}"),
+        Response::Recorded(r) => format!("recorded {r}"),
     };
     format!("{}{what} {answer}", if seat { "seat " } else { "" })
 }
@@ -464,6 +480,8 @@ fn describe_response(r: &Response) -> String {
         Response::Renewal(o) => format!("{o:?}"),
         Response::Owned(o) => format!("{o:?}"),
         Response::Created(c) => format!("created: {c}"),
+        Response::Marked(m) => format!("marked: {m}"),
+        Response::Recorded(r) => format!("recorded: {r}"),
     }
 }
 

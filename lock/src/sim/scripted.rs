@@ -95,7 +95,7 @@ impl Storage for Shared {
 #[tokio::test(start_paused = true)]
 async fn a_release_of_an_old_seat_entry_never_empties_the_new_seat() {
     let script = Arc::new(Scripted {
-        table: Mutex::new(Table::new(Instant::now(), super::EPOCH_MS)),
+        table: Mutex::new(Table::new(Instant::now(), super::scenario::EPOCH_MS)),
         seats: Mutex::new(0),
         first: Mutex::new(None),
         answers: Mutex::new(Vec::new()),

@@ -10,7 +10,8 @@
 use std::time::{Duration, Instant as StdInstant};
 
 use super::model::{Mutation, Table};
-use super::{run, Knobs, Report};
+use super::scenario::Knobs;
+use super::{run, Report};
 use crate::storage::{Enqueue, EnqueueRequest, Request, Response};
 
 /// Schedules the main test explores by default (and a third as many all clock-free). The test
@@ -219,9 +220,9 @@ fn seeded_schedules_hold_every_guarantee() {
     }
 }
 
-/// Schedules the simulator once flagged, named for what they exercise: protocol bugs (fixed),
-/// the others gaps in the checker. Each must still contain its marker event: a change that loses
-/// the schedule (the scenario generator in `sim/mod.rs`, or the order of the protocol's requests)
+/// Named schedules, each described by the rare interleaving it exercises. Each must still contain
+/// its marker event: a change that loses the schedule (the scenario generator in
+/// `sim/scenario.rs`, or the order of the protocol's requests)
 /// is reported apart from violations, with the seed to re-pick through `replay`, so a real catch
 /// is never lost among such false alarms.
 #[test]
@@ -232,11 +233,11 @@ fn named_schedules_hold() {
     };
     let named: [(u64, Knobs, &str, &str); 12] = [
         (1411, Knobs::default(), "OPERATOR deletes the counter",
-         "protocol bug, fixed: an enqueue read 'no counter, queue clear', its answer was lost, \
-          others queued and the counter was deleted again; the retry landed and was granted"),
+         "an enqueue reads 'no counter, queue clear' and its answer is lost; others queue and \
+          the counter is deleted again; its retry lands and must not be granted beside them"),
         (2022, Knobs::default(), "OPERATOR deletes the counter",
-         "protocol bug, fixed: an enqueue on 'no counter' took a ticket below a row granted \
-          meanwhile; only its own rows below were looked at, so it was granted beside it"),
+         "an enqueue on 'no counter' takes a ticket below a row granted meanwhile: it must look \
+          at every row below it, not only its own"),
         (121, Knobs::default(), "OPERATOR deletes row",
          "an operator deletes a waiting row; its owner may be granted on a read from just before"),
         (141, Knobs::default(), "cancels its acquisition",
@@ -246,9 +247,9 @@ fn named_schedules_hold() {
         (54, Knobs::default(), "OPERATOR sets the counter",
          "the counter is set back below the queue; tickets stay above every queued row"),
         (835, Knobs::default(), "OPERATOR deletes the counter of k1",
-         "protocol bug, fixed: a seat enqueue timed out, the counter was deleted and recreated \
-          by the same process exactly as read, and the timed-out attempt landed; a new request \
-          for the same ticket met it and believed its own, longer lease"),
+         "a seat enqueue times out, the counter is deleted and recreated by the same process \
+          exactly as read, and the timed-out attempt lands; a new request for the same ticket \
+          meets it and must not believe its own, longer lease"),
         (2123, Knobs::default(), "-> Revived",
          "a heartbeat lands between a waiter's judgement and its stale delete: the row lives"),
         (152, clock_free, "OPERATOR deletes row",
@@ -257,14 +258,13 @@ fn named_schedules_hold() {
          "an enqueue's answer is lost, its retry meets a conflict and the caller gives up; the \
           lost attempt lands later and its row must still be removed"),
         (275, Knobs::default(), "duplicate of Enqueue(k0 t5",
-         "protocol bug, fixed: a request for ticket 5 was answered 'no counter', the counter was \
-          recreated and a new request for ticket 5 sent; under the owner's token (one per \
-          ticket) the first one's late copy would have been refused as a mismatch, a fatal error \
-          for a caller that retries: tokens are now one per request, and it meets OursOlder"),
+         "a request for ticket 5 is answered 'no counter', the counter is recreated and a new \
+          request for ticket 5 sent; the first one's late copy lands under a token of its own \
+          (one per request) and meets OursOlder, not a mismatch"),
         (705, Knobs::default(), "p3 crashes holding k0 token 2",
-         "availability bug, fixed: a clock-free wait = 0 read a seat slowly (its answer came a \
-          second late), its holder heartbeated once more and crashed, and the next reads saw the \
-          new version: 'changed', so 'alive', so busy behind a holder dead for over a lease"),
+         "a clock-free wait = 0 reads a seat slowly (its answer a second late), its holder \
+          heartbeats once more and crashes; the next reads see a new version, and the waiter \
+          must still take the key once the holder has been quiet for a lease, not say busy"),
     ];
     let mut moved = Vec::new();
     let mut broken = Vec::new();
@@ -273,7 +273,7 @@ fn named_schedules_hold() {
         if !r.trace.iter().any(|l| l.contains(marker)) {
             moved.push(format!(
                 "seed {seed} no longer contains {marker:?} ({what}): the scenario generator \
-                 (sim/mod.rs) or the protocol's request order changed; pick a new seed that \
+                 (sim/scenario.rs) or the protocol's request order changed; pick a new seed that \
                  reaches it with `replay`"
             ));
         }
@@ -440,11 +440,15 @@ fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
         counter: crate::schema::Counter {
             last: 0,
             owner: None,
+            tick_done: None,
+            tick_newest: None,
         },
         row: row_item(key, ticket, owner),
         owner: owner.into(),
         token: token.into(),
         seat: false,
+        tick: None,
+        newest: None,
     })
 }
 

@@ -4,7 +4,7 @@
 //! ([`super::dynamo`]) and the simulation's model, so the two can only differ in what they
 //! store, never in how an answer is read.
 
-use super::{Enqueue, EnqueueRequest, Failure, Item, Renewal, StaleDelete};
+use super::{Enqueue, EnqueueRequest, Failure, Item, Owned, Renewal, StaleDelete};
 use crate::schema;
 
 /// What a refused heartbeat means, from the item the condition failed on.
@@ -101,4 +101,21 @@ pub(crate) fn enqueue_outcome(
         return Ok(Some(Enqueue::Conflict));
     }
     Ok(None)
+}
+
+/// What a refused seat release that marks a tick means, from the counter as it stood: the seat
+/// still ours (owner and ticket) is [`Owned::NotMarked`] (a newer tick is marked), anything else
+/// is [`Owned::No`].
+pub(crate) fn seat_release_refused(counter: Option<&Item>, owner: &str, ticket: u64) -> Owned {
+    let ours = counter.is_some_and(|c| {
+        c.get(schema::OWNER)
+            .is_some_and(|o| o.as_s().is_ok_and(|o| o == owner))
+            && c.get(schema::TICKET)
+                .is_some_and(|t| t.as_n().is_ok_and(|t| t.parse() == Ok(ticket)))
+    });
+    if ours {
+        Owned::NotMarked
+    } else {
+        Owned::No
+    }
 }

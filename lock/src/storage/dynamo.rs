@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -28,11 +27,14 @@ use super::{
     counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal,
     Request, Response, Storage,
 };
-use crate::error::{BoxError, Error};
 use crate::schema::{self, n, s, PK};
 
+mod errors;
 mod removal;
 mod scan;
+mod ticks;
+
+pub(crate) use errors::fatal_build;
 
 pub use removal::DELETE_CONDITION;
 #[cfg(test)]
@@ -101,12 +103,37 @@ impl Storage for Dynamo {
                 Request::DeleteOwned {
                     key,
                     ticket,
+                    seat: true,
+                    owner,
+                    done: Some(tick),
+                } => this
+                    .release_seat_done(&key, ticket, &owner, tick)
+                    .await
+                    .map(Response::Owned),
+                Request::DeleteOwned {
+                    key,
+                    ticket,
                     seat,
                     owner,
+                    ..
                 } => this
                     .delete_owned(&key, ticket, seat, &owner)
                     .await
                     .map(Response::Owned),
+                Request::MarkDone { key, tick } => {
+                    this.mark_done(&key, tick).await.map(Response::Marked)
+                }
+                Request::TickRecorded { key, id } => {
+                    this.tick_recorded(&key, &id).await.map(Response::Recorded)
+                }
+                Request::RecordTick {
+                    key,
+                    id,
+                    expires_at,
+                } => this
+                    .record_tick(&key, &id, expires_at)
+                    .await
+                    .map(Response::Recorded),
                 Request::CreateCounter { key, last, owner } => this
                     .create_counter(&key, last, &owner)
                     .await
@@ -155,7 +182,12 @@ impl Dynamo {
             .consistent_read(true)
             .set_exclusive_start_key(start);
         query = match range {
-            Range::All => query.key_condition_expression("#pk = :pk"),
+            // From the counter to the highest row: never a done tick's record (`tick#…`).
+            Range::All => query
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
+                .expression_attribute_names("#sk", schema::SK)
+                .expression_attribute_values(":lo", s(schema::COUNTER_SK))
+                .expression_attribute_values(":hi", s(&schema::queue_sk(u64::MAX))),
             Range::Below { ticket, limit } => query
                 .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
                 .expression_attribute_names("#sk", schema::SK)
@@ -426,123 +458,6 @@ impl Dynamo {
             },
         }
     }
-
-    /// Maps an SDK error to retry-or-fatal, with actionable messages for what a user must fix.
-    pub(crate) fn classify<E>(
-        &self,
-        operation: &'static str,
-        err: SdkError<E, aws_smithy_runtime_api::http::Response>,
-    ) -> Failure
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        let status = err.raw_response().map(|r| r.status().as_u16());
-        if status.is_none() && !self.answered.load(Ordering::Relaxed) {
-            if let Some(e) = crate::error::setup_error(&err) {
-                return Failure::Fatal(e);
-            }
-        }
-        let code = err.code().unwrap_or_default().to_owned();
-        let message = err.message().unwrap_or_default().to_owned();
-        enum Kind {
-            Retry(bool),
-            NotFound,
-            Denied,
-            Other,
-        }
-        let kind = match code.as_str() {
-            "ResourceNotFoundException" => Kind::NotFound,
-            "AccessDeniedException"
-            | "UnrecognizedClientException"
-            | "InvalidSignatureException"
-            | "MissingAuthenticationTokenException"
-            | "ExpiredTokenException" => Kind::Denied,
-            "ProvisionedThroughputExceededException"
-            | "ThrottlingException"
-            | "RequestLimitExceeded"
-            | "LimitExceededException" => Kind::Retry(true),
-            "InternalServerError"
-            | "ServiceUnavailable"
-            | "TransactionInProgressException"
-            // A single-item write to an item an ongoing transaction is writing (the seat lives
-            // on the counter, which every enqueue transaction updates).
-            | "TransactionConflictException" => {
-                Kind::Retry(false)
-            }
-            _ if status.is_some_and(|s| s >= 500) => Kind::Retry(false),
-            _ if status.is_none() => Kind::Retry(false), // timeouts, refused or dropped connections
-            _ => Kind::Other,
-        };
-        match kind {
-            Kind::Retry(throttled) => Failure::Retry {
-                throttled,
-                operation,
-                source: Box::new(ServiceError {
-                    code,
-                    message,
-                    source: Box::new(err),
-                }),
-            },
-            Kind::NotFound => Failure::Fatal(Error::TableNotFound {
-                table: self.table.to_string(),
-            }),
-            Kind::Denied => Failure::Fatal(Error::AccessDenied {
-                operation,
-                table: self.table.to_string(),
-                message: if message.is_empty() { code } else { message },
-            }),
-            Kind::Other => Failure::Fatal(Error::Dynamo {
-                operation,
-                source: Box::new(ServiceError {
-                    code,
-                    message,
-                    source: Box::new(err),
-                }),
-            }),
-        }
-    }
-}
-
-/// An SDK error shown the way a person wants to read it (`Code: message`), keeping the SDK's
-/// error as its source.
-#[derive(Debug)]
-pub(crate) struct ServiceError {
-    code: String,
-    message: String,
-    source: BoxError,
-}
-
-impl std::fmt::Display for ServiceError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.code.is_empty(), self.message.is_empty()) {
-            (false, false) => write!(f, "{}: {}", self.code, self.message),
-            (false, true) => f.write_str(&self.code),
-            _ => {
-                // No service code (a connection or timeout failure): the chain of causes, each
-                // once, e.g. "dispatch failure: io error: ...: Connection refused (os error 111)".
-                let mut parts: Vec<String> = Vec::new();
-                let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*self.source);
-                while let Some(e) = next {
-                    let s = e.to_string();
-                    if parts.last() != Some(&s) {
-                        parts.push(s);
-                    }
-                    next = e.source();
-                }
-                f.write_str(&parts.join(": "))
-            }
-        }
-    }
-}
-
-/// The SDK error is kept for `Debug`; the display above already carries its causes.
-impl std::error::Error for ServiceError {}
-
-fn fatal_build(operation: &'static str, e: aws_sdk_dynamodb::error::BuildError) -> Failure {
-    Failure::Fatal(Error::Dynamo {
-        operation,
-        source: Box::new(e),
-    })
 }
 
 /// The heartbeat's condition: the row is ours, and its lease is not later than the one we write.
@@ -558,7 +473,8 @@ fn heartbeat_condition() -> &'static str {
     HEARTBEAT_CONDITION
 }
 
-/// The counter half of an enqueue: `SET last, lastOwner`, its names and values.
+/// The counter half of an enqueue: `SET last, lastOwner` (and `tickNewest` with an ordered
+/// tick), its names and values.
 fn counter_move(
     r: &EnqueueRequest,
 ) -> (
@@ -577,17 +493,50 @@ fn counter_move(
     if let Some(o) = &r.counter.owner {
         values.insert(":by".into(), s(o));
     }
-    let names = HashMap::from([
+    let mut names = HashMap::from([
         ("#last".to_owned(), schema::LAST.to_owned()),
         ("#by".to_owned(), schema::LAST_OWNER.to_owned()),
     ]);
-    ("SET #last = :next, #by = :owner".to_owned(), names, values)
+    let mut update = "SET #last = :next, #by = :owner".to_owned();
+    if let Some(tick) = r.tick {
+        names.insert("#td".into(), schema::TICK_DONE.into());
+        values.insert(":tick".into(), n(tick));
+    }
+    if let Some(newest) = r.newest {
+        names.insert("#tn".into(), schema::TICK_NEWEST.into());
+        values.insert(":newest".into(), n(newest));
+        update.push_str(", #tn = :newest");
+    }
+    (update, names, values)
 }
 
-/// The counter half's condition: exactly the counter as read.
-fn counter_condition(r: &EnqueueRequest) -> &'static str {
-    match &r.counter.owner {
+/// The counter half's condition: exactly the counter as read; with an ordered tick, a watermark
+/// below it ([`ENQUEUE_TICK_CONDITION`]) and a `tickNewest` not above the one we set.
+fn counter_condition(r: &EnqueueRequest) -> String {
+    let mut condition = match &r.counter.owner {
         Some(_) => "#last = :expected AND #by = :by",
         None => "#last = :expected AND attribute_not_exists(#by)",
     }
+    .to_owned();
+    if r.tick.is_some() {
+        condition.push_str(" AND ");
+        condition.push_str(enqueue_tick_condition());
+    }
+    if r.newest.is_some() {
+        condition.push_str(" AND (attribute_not_exists(#tn) OR #tn <= :newest)");
+    }
+    condition
+}
+
+/// An enqueue's tick condition: the tick is not done (the watermark is absent or below it).
+pub(crate) const ENQUEUE_TICK_CONDITION: &str = "(attribute_not_exists(#td) OR #td < :tick)";
+
+/// [`ENQUEUE_TICK_CONDITION`], or under the test-only mutant one that ignores the watermark (the
+/// differential test must see the difference).
+fn enqueue_tick_condition() -> &'static str {
+    #[cfg(test)]
+    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreEnqueueIgnoresWatermark) {
+        return "(attribute_not_exists(#td) OR #td = #td OR :tick = :tick)";
+    }
+    ENQUEUE_TICK_CONDITION
 }

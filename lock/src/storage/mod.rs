@@ -20,21 +20,23 @@
 
 pub(crate) mod answers;
 mod dynamo;
+mod store;
+mod ticks;
 
 #[cfg(test)]
 pub(crate) use dynamo::scan_names;
 pub(crate) use dynamo::Dynamo;
 pub use dynamo::{DELETE_CONDITION, FILTER, PROJECTION};
+pub(crate) use store::Store;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
 use crate::error::{BoxError, Error};
-use crate::schema::{Counter, QueueRow, Snapshot, COUNTER_SK, PK, SK};
+use crate::schema::{Counter, COUNTER_SK, PK, SK};
 
 /// A DynamoDB item: attribute name to value.
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -96,6 +98,36 @@ pub(crate) enum Request {
         seat: bool,
         /// Our owner id.
         owner: String,
+        /// The seat only: also mark this ordered tick done in the same `UpdateItem`
+        /// (`SET tickDone`, conditioned on the stored one not being newer; [`Owned::NotMarked`]
+        /// if it is). A row's release marks the counter first ([`Request::MarkDone`]).
+        done: Option<i64>,
+    },
+    /// `UpdateItem` of the key's counter marking an ordered tick done: `SET tickDone = :tick`
+    /// if the counter exists and its `tickDone` is absent or not newer (the watermark never moves
+    /// backwards). Sent by the release of a queue row with `release_done`, before its delete.
+    MarkDone {
+        /// Lock key.
+        key: String,
+        /// The tick, epoch ms.
+        tick: i64,
+    },
+    /// A strongly consistent `Query` of one done tick id's record (see
+    /// [`crate::schema::TICK_PREFIX`]), made once the lock is held.
+    TickRecorded {
+        /// Lock key.
+        key: String,
+        /// The tick id.
+        id: String,
+    },
+    /// `PutItem` of a done tick id's record, if it does not exist; TTL `expiresAt`.
+    RecordTick {
+        /// Lock key.
+        key: String,
+        /// The tick id.
+        id: String,
+        /// TTL, epoch seconds.
+        expires_at: i64,
     },
 }
 
@@ -115,8 +147,9 @@ impl Request {
                 "DeleteItem"
             }
             Request::Scan(_) => "Scan",
-            Request::Heartbeat(_) => "UpdateItem",
-            Request::CreateCounter { .. } => "PutItem",
+            Request::Heartbeat(_) | Request::MarkDone { .. } => "UpdateItem",
+            Request::CreateCounter { .. } | Request::RecordTick { .. } => "PutItem",
+            Request::TickRecorded { .. } => "Query",
         }
     }
 }
@@ -124,7 +157,9 @@ impl Request {
 /// What a [`Request::Query`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Range {
-    /// The counter and every row, in sort-key order, in pages of up to 1 MB.
+    /// The counter and every row, in sort-key order, in pages of up to 1 MB
+    /// (`sk BETWEEN "counter" AND` the highest row's: a done tick's record, which sorts after
+    /// every row, is never read).
     All,
     /// Queue rows with tickets at or below `ticket`, highest first (`ScanIndexForward = false`),
     /// then the counter (it sorts below every row: `sk BETWEEN "counter" AND q#ticket`), at most
@@ -173,6 +208,12 @@ pub(crate) struct EnqueueRequest {
     pub token: String,
     /// Take the counter's seat instead of putting a row.
     pub seat: bool,
+    /// Our ordered tick, epoch ms: the counter update is also conditioned on
+    /// `tickDone < tick` (absent counts as below), so a done tick never enqueues.
+    pub tick: Option<i64>,
+    /// The `tickNewest` to set: the highest of the counter's as read and our tick. Conditioned on
+    /// the stored one not being higher (it is what we read, unless our counter came from a hint).
+    pub newest: Option<i64>,
 }
 
 /// The sweep's conditional removal of a dead entry: `DeleteItem` of its row (for the seat:
@@ -267,6 +308,12 @@ pub(crate) enum Response {
     Owned(Owned),
     /// Outcome of [`Request::CreateCounter`]: `true` if we created it, `false` if one existed.
     Created(bool),
+    /// Outcome of [`Request::MarkDone`]: `true` if the watermark is at our tick now, `false` if
+    /// a newer tick is marked or there is no counter (nothing written).
+    Marked(bool),
+    /// Outcome of [`Request::TickRecorded`] (the record exists) and [`Request::RecordTick`]
+    /// (`true`: we wrote it; `false`: it existed).
+    Recorded(bool),
 }
 
 /// Result of the atomic enqueue transaction.
@@ -321,6 +368,9 @@ pub(crate) enum Owned {
     Yes,
     /// The row is gone or belongs to someone else: the lock is lost.
     No,
+    /// The seat is ours, but a release that also marks a tick found a newer tick marked: nothing
+    /// was written (the watermark never moves backwards). Release without the mark.
+    NotMarked,
 }
 
 /// Why a request did not produce an outcome.
@@ -362,219 +412,6 @@ impl Failure {
 pub(crate) trait Storage: Send + Sync + fmt::Debug + 'static {
     /// Sends one request.
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>>;
-}
-
-/// The protocol's handle on a storage: typed requests, one each, and the background releases.
-#[derive(Clone, Debug)]
-pub(crate) struct Store {
-    storage: Arc<dyn Storage>,
-    table: Arc<str>,
-    /// Background releases (of dropped guards and cancelled acquisitions), so a process can wait
-    /// for them before exiting.
-    background: tokio_util::task::TaskTracker,
-}
-
-/// A storage answered a request with the wrong kind of response: a bug, never a user error.
-#[derive(Debug, thiserror::Error)]
-#[error("storage answered {operation} with {got}")]
-struct WrongResponse {
-    operation: &'static str,
-    got: String,
-}
-
-impl Store {
-    pub(crate) fn new(storage: Arc<dyn Storage>, table: &str) -> Store {
-        Store {
-            storage,
-            table: table.into(),
-            background: tokio_util::task::TaskTracker::new(),
-        }
-    }
-
-    /// The storage behind this store.
-    pub(crate) fn storage(&self) -> Arc<dyn Storage> {
-        self.storage.clone()
-    }
-
-    pub(crate) fn background(&self) -> &tokio_util::task::TaskTracker {
-        &self.background
-    }
-
-    pub(crate) fn table(&self) -> &str {
-        &self.table
-    }
-
-    async fn call(&self, request: Request) -> Result<Response, Failure> {
-        self.storage.call(request).await
-    }
-
-    fn wrong(operation: &'static str, got: Response) -> Failure {
-        Failure::Fatal(Error::Dynamo {
-            operation,
-            source: Box::new(WrongResponse {
-                operation,
-                got: format!("{got:?}"),
-            }),
-        })
-    }
-
-    /// Reads a key's counter and queue: a strongly consistent `Query`, page by page (DynamoDB
-    /// pages at 1 MB, i.e. thousands of waiters). Pages are separate reads, so the result is not
-    /// one snapshot; the protocol does not need one (rows below a ticket can only disappear, and
-    /// a row that disappears between pages was read as present, which is the cautious side).
-    pub(crate) async fn read(&self, key: &str) -> Result<Snapshot, Failure> {
-        let mut items = Vec::new();
-        let mut start = None;
-        loop {
-            let request = Request::Query {
-                key: key.to_owned(),
-                start,
-                range: Range::All,
-            };
-            match self.call(request).await? {
-                Response::Page { items: page, next } => {
-                    items.extend(page);
-                    match next {
-                        Some(k) if !k.is_empty() => start = Some(k),
-                        _ => break,
-                    }
-                }
-                other => return Err(Self::wrong("Query", other)),
-            }
-        }
-        Snapshot::from_items(key, &items).map_err(Failure::Fatal)
-    }
-
-    /// The first entry of `key`'s queue (the seat if taken, else the lowest row), if any.
-    pub(crate) async fn read_lowest(&self, key: &str) -> Result<Option<QueueRow>, Failure> {
-        let request = Request::Query {
-            key: key.to_owned(),
-            start: None,
-            range: Range::Lowest,
-        };
-        match self.call(request).await? {
-            Response::Page { items, .. } => {
-                for item in &items {
-                    if let Some(entry) = QueueRow::entry(key, item).map_err(Failure::Fatal)? {
-                        return Ok(Some(entry));
-                    }
-                }
-                Ok(None)
-            }
-            other => Err(Self::wrong("Query", other)),
-        }
-    }
-
-    /// One page of the rows at or below `ticket`, nearest first, and where the next page starts.
-    pub(crate) async fn read_below(
-        &self,
-        key: &str,
-        ticket: u64,
-        limit: u32,
-        start: Option<Item>,
-    ) -> Result<(Vec<Item>, Option<Item>), Failure> {
-        let request = Request::Query {
-            key: key.to_owned(),
-            start,
-            range: Range::Below { ticket, limit },
-        };
-        match self.call(request).await? {
-            Response::Page { items, next } => Ok((items, next.filter(|k| !k.is_empty()))),
-            other => Err(Self::wrong("Query", other)),
-        }
-    }
-
-    pub(crate) async fn enqueue(&self, request: &EnqueueRequest) -> Result<Enqueue, Failure> {
-        match self.call(Request::Enqueue(request.clone())).await? {
-            Response::Enqueue(e) => Ok(e),
-            other => Err(Self::wrong("TransactWriteItems", other)),
-        }
-    }
-
-    pub(crate) async fn create_counter(
-        &self,
-        key: &str,
-        last: u64,
-        owner: &str,
-    ) -> Result<bool, Failure> {
-        let request = Request::CreateCounter {
-            key: key.to_owned(),
-            last,
-            owner: owner.to_owned(),
-        };
-        match self.call(request).await? {
-            Response::Created(c) => Ok(c),
-            other => Err(Self::wrong("PutItem", other)),
-        }
-    }
-
-    pub(crate) async fn delete_stale(
-        &self,
-        key: &str,
-        ticket: u64,
-        seat: bool,
-        rvn: &str,
-    ) -> Result<StaleDelete, Failure> {
-        let request = Request::DeleteStale {
-            key: key.to_owned(),
-            ticket,
-            seat,
-            rvn: rvn.to_owned(),
-        };
-        match self.call(request).await? {
-            Response::StaleDelete(o) => Ok(o),
-            other => Err(Self::wrong("DeleteItem", other)),
-        }
-    }
-
-    /// One page of the sweep's `Scan`: the items, how many were read, where the next page starts.
-    pub(crate) async fn scan(
-        &self,
-        request: ScanRequest,
-    ) -> Result<(Vec<Item>, u64, Option<Item>), Failure> {
-        match self.call(Request::Scan(request)).await? {
-            Response::Scanned {
-                items,
-                scanned,
-                next,
-            } => Ok((items, scanned, next.filter(|k| !k.is_empty()))),
-            other => Err(Self::wrong("Scan", other)),
-        }
-    }
-
-    /// The sweep's conditional removal of a dead entry.
-    pub(crate) async fn sweep_dead(&self, request: SweepDead) -> Result<StaleDelete, Failure> {
-        match self.call(Request::SweepDead(request)).await? {
-            Response::StaleDelete(o) => Ok(o),
-            other => Err(Self::wrong("DeleteItem", other)),
-        }
-    }
-
-    pub(crate) async fn heartbeat(&self, beat: &Beat) -> Result<Renewal, Failure> {
-        match self.call(Request::Heartbeat(beat.clone())).await? {
-            Response::Renewal(r) => Ok(r),
-            other => Err(Self::wrong("UpdateItem", other)),
-        }
-    }
-
-    pub(crate) async fn delete_owned(
-        &self,
-        key: &str,
-        ticket: u64,
-        seat: bool,
-        owner: &str,
-    ) -> Result<Owned, Failure> {
-        let request = Request::DeleteOwned {
-            key: key.to_owned(),
-            ticket,
-            seat,
-            owner: owner.to_owned(),
-        };
-        match self.call(request).await? {
-            Response::Owned(o) => Ok(o),
-            other => Err(Self::wrong("DeleteItem", other)),
-        }
-    }
 }
 
 /// The primary key of a key's counter item.

@@ -14,5 +14,6 @@ mod faults;
 mod fifo;
 mod lost;
 mod skew;
+mod ticks;
 mod usage;
 mod wait;

@@ -61,9 +61,9 @@ pub fn endpoint() -> Option<String> {
 }
 
 /// The DynamoDB endpoint for a test: [`endpoint`] if one is configured, else a DynamoDB Local
-/// that this test binary starts on first use (once, on 127.0.0.1, through
-/// `scripts/dynamodb-local`; stopped when the binary exits). Use it in tests that need DynamoDB
-/// Local.
+/// that this test binary starts on first use (once, on 127.0.0.1, installed by
+/// `scripts/dynamodb-local install`; it exits when the binary exits). Use it in tests that need
+/// DynamoDB Local.
 ///
 /// # Panics
 ///

@@ -1,0 +1,308 @@
+//! The invariant checks: the monitor's view of who holds what, and the checks at a grant, at
+//! work, at the end of an acquisition and at the end of a run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::model::Removal;
+use super::net::Net;
+use super::scenario::KeyPlan;
+use crate::options::{LockOptions, Wait};
+use crate::schema::{QueueRow, Snapshot};
+use crate::LostSignal;
+
+pub(super) struct Holder {
+    pub(super) who: String,
+    pub(super) key: String,
+    pub(super) token: u64,
+    pub(super) owner: String,
+    pub(super) lost: LostSignal,
+    pub(super) exempt: bool,
+    /// The key's heartbeat interval and lease.
+    pub(super) interval: Duration,
+    pub(super) lease: Duration,
+    /// When the monitor saw the lost signal (or reported a late one).
+    pub(super) lost_at: Option<Instant>,
+}
+
+/// The checker's view of who holds what.
+#[derive(Default)]
+pub(super) struct Monitor {
+    pub(super) holders: Vec<Holder>,
+    pub(super) max_token: BTreeMap<String, u64>,
+    /// Keys whose counter an operator set back.
+    pub(super) tampered: BTreeSet<String>,
+    /// Owners whose row an operator deleted: until their next heartbeat they cannot know, so
+    /// exclusion is not promised for them (documented).
+    pub(super) deleted_by_hand: BTreeSet<String>,
+    pub(super) violations: Vec<String>,
+    pub(super) crashed: BTreeSet<String>,
+    pub(super) finished: BTreeSet<String>,
+    /// (key, who) of participants inside an acquisition that waits forever.
+    pub(super) waiting: BTreeSet<(String, String)>,
+    /// When an operator acted on each key.
+    pub(super) operator_at: BTreeMap<String, Vec<Instant>>,
+    /// The last crash or cancellation of a participant on each key.
+    pub(super) upset_at: BTreeMap<String, Instant>,
+    /// How often each availability check applied.
+    pub(super) checked: BTreeMap<&'static str, u64>,
+    pub(super) grants: u64,
+    pub(super) busy: u64,
+    pub(super) crashes: u64,
+    pub(super) cancels: u64,
+}
+
+impl Monitor {
+    pub(super) fn applied(&mut self, check: &'static str) {
+        *self.checked.entry(check).or_default() += 1;
+    }
+
+    /// A participant on `key` crashed or cancelled an acquisition.
+    pub(super) fn upset(&mut self, key: &str) {
+        self.upset_at.insert(key.to_owned(), Instant::now());
+    }
+
+    pub(super) fn believers<'a>(
+        &'a self,
+        key: &'a str,
+        except: &'a str,
+    ) -> impl Iterator<Item = &'a Holder> {
+        self.holders.iter().filter(move |h| {
+            h.key == key && h.who != except && !h.exempt && h.lost.reason().is_none()
+        })
+    }
+
+    pub(super) fn grant(
+        &mut self,
+        who: &str,
+        plan: &KeyPlan,
+        token: u64,
+        owner: &str,
+        lost: LostSignal,
+        wiped: bool,
+    ) {
+        let key = plan.name.as_str();
+        self.grants += 1;
+        let exempt = self.deleted_by_hand.contains(owner);
+        let others: Vec<String> = self
+            .believers(key, who)
+            .map(|h| format!("{} (token {})", h.who, h.token))
+            .collect();
+        if !others.is_empty() && !exempt {
+            self.violations.push(format!(
+                "mutual exclusion: {who} granted {key} with token {token} while {} still \
+                 believes it holds it",
+                others.join(", ")
+            ));
+        }
+        let max = self.max_token.entry(key.to_owned()).or_insert(0);
+        if wiped {
+            // The partition was empty at some point since the last grant: nothing remembers the
+            // tokens (the counter was deleted by hand). Documented, not a violation.
+            *max = 0;
+        }
+        if token <= *max && !self.tampered.contains(key) && !exempt {
+            self.violations.push(format!(
+                "fencing: {who} granted {key} with token {token}, not above {max}"
+            ));
+        }
+        if !exempt {
+            *max = (*max).max(token);
+        }
+        self.holders.push(Holder {
+            who: who.to_owned(),
+            key: key.to_owned(),
+            token,
+            owner: owner.to_owned(),
+            lost,
+            exempt,
+            interval: plan.opts.heartbeat_interval(),
+            lease: plan.opts.lease,
+            lost_at: None,
+        });
+    }
+
+    pub(super) fn work(&mut self, who: &str, key: &str) {
+        let believes = self
+            .holders
+            .iter()
+            .any(|h| h.who == who && h.key == key && h.lost.reason().is_none() && !h.exempt);
+        if !believes {
+            return;
+        }
+        let others: Vec<String> = self.believers(key, who).map(|h| h.who.clone()).collect();
+        if !others.is_empty() {
+            self.violations.push(format!(
+                "mutual exclusion: {who} works on {key} while {} also believes it holds it",
+                others.join(", ")
+            ));
+        }
+    }
+
+    pub(super) fn leave(&mut self, who: &str) {
+        self.holders.retain(|h| h.who != who);
+    }
+
+    /// An operator deleted `owner`'s entry by hand.
+    pub(super) fn deleted_by_hand(&mut self, owner: &str) {
+        for h in self.holders.iter_mut().filter(|h| h.owner == owner) {
+            h.exempt = true;
+        }
+        self.deleted_by_hand.insert(owner.to_owned());
+    }
+}
+
+/// Everything a participant task needs.
+#[derive(Clone)]
+pub(super) struct Ctx {
+    pub(super) net: Arc<Net>,
+    pub(super) monitor: Arc<Mutex<Monitor>>,
+    pub(super) faults_on: Arc<AtomicBool>,
+    pub(super) attempt_timeout: Duration,
+}
+
+impl Ctx {
+    pub(super) fn note(&self, text: String) {
+        self.net.trace.line(text);
+    }
+
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut Monitor) -> R) -> Option<R> {
+        self.monitor.lock().ok().map(|mut m| f(&mut m))
+    }
+
+    /// How long before `at` a record version was first sent.
+    pub(super) fn age(&self, rvn: &str, at: Instant) -> Option<Duration> {
+        let sent = self.net.sent.lock().ok()?.get(rvn).copied()?;
+        Some(at.saturating_duration_since(sent))
+    }
+
+    /// Whether the key's partition was empty at some point since the last look.
+    pub(super) fn wiped(&self, key: &str) -> bool {
+        self.net.table.lock().is_ok_and(|mut t| t.wiped.remove(key))
+    }
+
+    pub(super) fn violation(&self, text: String) {
+        self.note(format!("VIOLATION {text}"));
+        self.with(|m| m.violations.push(text));
+    }
+}
+
+/// Every queue row in the table, decoded.
+pub(super) fn rows(net: &Net) -> Vec<(String, QueueRow)> {
+    let Ok(table) = net.table.lock() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for key in table.keys() {
+        let items = table.partition(&key);
+        for item in &items {
+            if let Ok(row) = QueueRow::from_item(&key, item) {
+                out.push((key.clone(), row));
+            }
+        }
+    }
+    out
+}
+
+/// How an acquisition with `wait` may take at most: the wait, the floor of the retry budget for
+/// transient failures, a clock-free watch of the row ahead, and removing our row on the way out.
+pub(super) fn wait_bound(
+    wait: Wait,
+    opts: &LockOptions,
+    attempt_timeout: Duration,
+) -> Option<Duration> {
+    let wait = wait.as_duration()?;
+    Some(
+        wait + Duration::from_secs(5)
+            + attempt_timeout * 4
+            + opts.lease * 2
+            + opts.max_poll * 2
+            + Duration::from_secs(6),
+    )
+}
+
+/// Counts a hold that outlasted three leases with its lock (the no-spurious-loss check needs
+/// them: a defect that loses healthy locks after a lease shows only there).
+pub(super) fn note_hold(
+    ctx: &Ctx,
+    who: &str,
+    guard: &crate::LockGuard,
+    from: Instant,
+    lease: Duration,
+) {
+    let long = Instant::now().saturating_duration_since(from) >= lease * 3;
+    if long && guard.lost_reason().is_none() && !ctx.net.faulted(who, from, Instant::now()) {
+        ctx.with(|m| m.applied("hold kept over 3+ leases, fault-free"));
+    }
+}
+
+/// FIFO: at a grant, no row below ours may still be live (its version sent less than its lease
+/// ago).
+pub(super) fn check_nothing_live_below(ctx: &Ctx, who: &str, key: &str, token: u64) {
+    let now = Instant::now();
+    let Ok(table) = ctx.net.table.lock() else {
+        return;
+    };
+    let Ok(snap) = Snapshot::from_items(key, &table.partition(key)) else {
+        return;
+    };
+    drop(table);
+    for row in snap.rows.iter().filter(|r| r.ticket < token) {
+        if let Some(age) = ctx.age(&row.rvn, now) {
+            let lease = Duration::from_millis(u64::try_from(row.lease_ms).unwrap_or(0));
+            if age < lease {
+                ctx.violation(format!(
+                    "FIFO: {who} granted {key} token {token} past row t{} sent {age:?} ago \
+                     (lease {lease:?})",
+                    row.ticket
+                ));
+            }
+        }
+    }
+}
+
+/// Self-cleaning, a few seconds after every participant finished: only rows of crashed
+/// participants may be left.
+pub(super) fn check_only_crashed_left(ctx: &Ctx) {
+    let crashed = ctx.with(|m| m.crashed.clone()).unwrap_or_default();
+    for (key, row) in rows(&ctx.net) {
+        let who = row.holder.host.clone().unwrap_or_default();
+        if !crashed.contains(&who) {
+            ctx.violation(format!(
+                "self-cleaning: row {key} t{} of {who}, which did not crash, is left after it \
+                 finished",
+                row.ticket
+            ));
+        }
+    }
+}
+
+/// Self-cleaning, after TTL and the sweeper have had their time: nothing is left at all.
+pub(super) fn check_nothing_left(ctx: &Ctx) {
+    for (key, row) in rows(&ctx.net) {
+        ctx.violation(format!(
+            "self-cleaning: row {key} t{} of {:?} outlived TTL",
+            row.ticket, row.holder.host
+        ));
+    }
+}
+
+/// Nobody removed a queue row less than its lease after its version was sent.
+pub(super) fn check_removals(ctx: &Ctx, removals: Vec<Removal>) {
+    for r in removals {
+        let Some(age) = ctx.age(&r.rvn, r.at) else {
+            continue;
+        };
+        if age < r.lease {
+            ctx.violation(format!(
+                "early removal: {} t{} removed by {:?} {age:?} after its version was sent \
+                 (lease {:?}): its owner may still believe in it",
+                r.key, r.ticket, r.by, r.lease
+            ));
+        }
+    }
+}

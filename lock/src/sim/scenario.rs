@@ -1,0 +1,137 @@
+//! What a schedule is made of — the keys and their options, the participants and their clocks,
+//! the network's weather — and how one seed generates it.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::model::Mutation;
+use super::mutant;
+use super::net::Faults;
+use crate::options::{ClockSkew, LockOptions, Wait};
+
+/// The true wall time at the start of every run, epoch ms (2026-01-01).
+pub(super) const EPOCH_MS: i64 = 1_767_225_600_000;
+
+/// Mixed into a run's seed for the sweeper's clock, so the sweeper draws nothing from the run's
+/// generator (the rest of the plan does not shift when it is on).
+pub(super) const SWEEPER_SEED: u64 = 0x5eeb_5eeb;
+
+/// What a run may vary beyond its seed.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Knobs {
+    /// A deliberate defect (to show the checks can fail).
+    pub mutation: Option<Mutation>,
+    /// Participants are told a skew allowance four times smaller than their clocks' spread.
+    pub understate_skew: bool,
+    /// Every key in clock-free mode.
+    pub all_clock_free: bool,
+    /// A deliberate defect in the protocol's own code (see [`mutant`]).
+    pub mutant: Option<mutant::Mutant>,
+}
+
+/// One key's settings.
+#[derive(Debug, Clone)]
+pub(super) struct KeyPlan {
+    pub(super) name: String,
+    pub(super) opts: LockOptions,
+    /// Half the spread of participants' wall clocks (bounded mode), ms.
+    pub(super) spread_ms: i64,
+}
+
+/// One participant's plan.
+#[derive(Debug, Clone)]
+pub(super) struct WorkerPlan {
+    pub(super) who: String,
+    pub(super) key: usize,
+    pub(super) cycles: u32,
+    pub(super) offset_ms: i64,
+    pub(super) drift_ppm: i64,
+    pub(super) seed: u64,
+}
+
+pub(super) fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo..=hi))
+}
+
+pub(super) fn plan_keys(rng: &mut StdRng, knobs: &Knobs) -> Vec<KeyPlan> {
+    let n = if rng.random_bool(0.6) { 1 } else { 2 };
+    (0..n)
+        .map(|i| {
+            let lease = ms(rng, 600, 3000);
+            let heartbeat = lease / rng.random_range(2..=4);
+            let poll = ms(rng, 10, 80);
+            let max_poll = poll * rng.random_range(2..=10);
+            let allowance = ms(rng, 50, 500);
+            let clock_free = knobs.all_clock_free || rng.random_bool(0.3);
+            let spread_ms = crate::clock::millis(allowance) / 2;
+            let told = if knobs.understate_skew {
+                allowance / 4
+            } else {
+                allowance
+            };
+            let opts = LockOptions {
+                wait: Wait::Forever,
+                lease,
+                heartbeat: Some(heartbeat),
+                poll,
+                max_poll,
+                clock_skew: if clock_free {
+                    ClockSkew::Unbounded
+                } else {
+                    ClockSkew::Bounded(told)
+                },
+                ttl_grace: allowance + ms(rng, 0, 5000),
+                ..LockOptions::default()
+            };
+            KeyPlan {
+                name: format!("k{i}"),
+                opts,
+                spread_ms,
+            }
+        })
+        .collect()
+}
+
+/// The network's weather during the fault phase: a network with occasional faults, or a storm
+/// in which holders barely keep their leases (the schedules where late heartbeats and stale
+/// judgements meet).
+pub(super) fn plan_faults(rng: &mut StdRng) -> Faults {
+    let storm = rng.random_bool(0.4);
+    let heavy = if storm { 3.5 } else { 1.0 };
+    Faults {
+        refuse: rng.random_range(0.0..0.10) * heavy,
+        lose_answer: rng.random_range(0.0..0.10) * heavy,
+        duplicate: rng.random_range(0.0..0.05) * heavy,
+        conflict: rng.random_range(0.0..0.10),
+        slow: rng.random_range(0.0..0.05) * heavy,
+        delay: ms(rng, 1, 30),
+    }
+}
+
+/// The participants: each on one key, with its cycles, its clock and a seed of its own.
+pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan]) -> Vec<WorkerPlan> {
+    (0..rng.random_range(2..=6))
+        .map(|i| {
+            let key = rng.random_range(0..keys.len());
+            let (offset_ms, drift_ppm) = if keys[key].opts.clock_free() {
+                (
+                    rng.random_range(-12 * 3_600_000..=12 * 3_600_000),
+                    rng.random_range(-200..=200),
+                )
+            } else {
+                let s = keys[key].spread_ms;
+                (rng.random_range(-s..=s), 0)
+            };
+            WorkerPlan {
+                who: format!("p{i}"),
+                key,
+                cycles: rng.random_range(1..=4),
+                offset_ms,
+                drift_ppm,
+                seed: rng.random(),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,278 @@
+//! Once per tick and coalesce (issue 17): a tick that succeeded never runs again, one that failed
+//! does, and the uncontended cycle with an ordered tick costs what it costs without one.
+
+use std::time::Duration;
+
+use flightlock::{Error, LockOptions, ReleaseOutcome, Tick, Wait};
+
+use crate::common::*;
+
+const T1: i64 = 1_795_514_400_000; // 2026-11-24T10:00:00Z
+const T2: i64 = T1 + 60_000;
+const T3: i64 = T1 + 120_000;
+const T4: i64 = T1 + 180_000;
+
+fn at(tick: i64) -> LockOptions {
+    LockOptions {
+        tick: Some(Tick::At(tick)),
+        ..fast()
+    }
+}
+
+fn id(id: &str) -> LockOptions {
+    LockOptions {
+        tick: Some(Tick::Id(id.into())),
+        ..fast()
+    }
+}
+
+fn is_done(e: &Error) -> bool {
+    matches!(e, Error::TickDone { .. })
+}
+
+/// The key holds no entry: no queue row, and no seat on the counter.
+async fn nothing_held(env: &Env, key: &str) {
+    assert!(
+        env.queue(key).await.is_empty(),
+        "{:?}",
+        env.queue(key).await
+    );
+    for item in env.items(key).await {
+        assert!(!item.contains_key("owner"), "an entry is left: {item:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_after_a_success_is_done_and_leaves_nothing() {
+    let env = Env::new("tickdup").await;
+    let (a, b) = (env.locker().await, env.locker().await);
+    let g = a.acquire("k", &at(T1)).await.unwrap();
+    assert_eq!(g.release_done().await.unwrap(), ReleaseOutcome::Released);
+    for locker in [&a, &b] {
+        let err = locker.acquire("k", &at(T1)).await.unwrap_err();
+        assert!(is_done(&err), "{err}");
+        assert!(
+            err.to_string().contains("2026-11-24T10:00:00.000Z"),
+            "{err}"
+        );
+    }
+    nothing_held(&env, "k").await;
+    // Skipping callers (`wait = 0`) are answered the same way.
+    let no_wait = LockOptions {
+        wait: Wait::NoWait,
+        ..at(T1)
+    };
+    assert!(is_done(&b.acquire("k", &no_wait).await.unwrap_err()));
+    // The next tick runs.
+    b.acquire("k", &at(T2))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    nothing_held(&env, "k").await;
+}
+
+#[tokio::test]
+async fn a_failed_run_is_not_marked_and_runs_again() {
+    let env = Env::new("tickfail").await;
+    let locker = env.locker().await;
+    let g = locker.acquire("k", &at(T1)).await.unwrap();
+    g.release().await.unwrap(); // the run failed
+    let g = locker.acquire("k", &at(T1)).await.unwrap(); // the retry runs
+    g.release_done().await.unwrap();
+    assert!(is_done(&locker.acquire("k", &at(T1)).await.unwrap_err()));
+    // A dropped guard (a crash) marks nothing either.
+    drop(locker.acquire("k", &at(T2)).await.unwrap());
+    locker.flush().await;
+    locker
+        .acquire("k", &at(T2))
+        .await
+        .unwrap()
+        .release_done()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_duplicate_waiting_while_the_first_runs_is_done_after_it() {
+    let env = Env::new("tickwait").await;
+    let first = env.locker().await.acquire("k", &at(T1)).await.unwrap();
+    // A duplicate that skips is busy while the first runs (nothing is done yet).
+    let skip = LockOptions {
+        wait: Wait::NoWait,
+        ..at(T1)
+    };
+    assert!(env
+        .locker()
+        .await
+        .acquire("k", &skip)
+        .await
+        .unwrap_err()
+        .is_busy());
+    let dup = env.locker().await;
+    let waiter = tokio::spawn(async move { dup.acquire("k", &at(T1)).await.map(|g| g.token()) });
+    until_queue_len(&env, "k", 2).await;
+    first.release_done().await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(is_done(&err), "{err}");
+    nothing_held(&env, "k").await;
+}
+
+#[tokio::test]
+async fn a_queue_row_marks_its_tick_too() {
+    let env = Env::new("tickrow").await;
+    let first = env.locker().await.acquire("k", &at(T1)).await.unwrap();
+    let second = env.locker().await;
+    let run = tokio::spawn(async move {
+        let g = second.acquire("k", &at(T2)).await.unwrap();
+        g.release_done().await.unwrap()
+    });
+    until_queue_len(&env, "k", 2).await;
+    first.release().await.unwrap(); // T1 failed
+    assert_eq!(run.await.unwrap(), ReleaseOutcome::Released); // T2 held a row, succeeded
+    let locker = env.locker().await;
+    assert!(is_done(&locker.acquire("k", &at(T2)).await.unwrap_err()));
+    // T1 is below the watermark now: a schedule never runs backwards.
+    assert!(is_done(&locker.acquire("k", &at(T1)).await.unwrap_err()));
+    nothing_held(&env, "k").await;
+}
+
+#[tokio::test]
+async fn an_older_tick_after_a_newer_success_is_done() {
+    let env = Env::new("tickold").await;
+    let locker = env.locker().await;
+    locker
+        .acquire("k", &at(T2))
+        .await
+        .unwrap()
+        .release_done()
+        .await
+        .unwrap();
+    let err = locker.acquire("k", &at(T1)).await.unwrap_err();
+    let Error::TickDone { done, .. } = &err else {
+        panic!("expected done, got {err}")
+    };
+    assert_eq!(done, "2026-11-24T10:01:00.000Z");
+    // From another process (no hint: its read answers), and after a newer tick, the same.
+    let other = env.locker().await;
+    assert!(is_done(&other.acquire("k", &at(T1)).await.unwrap_err()));
+    other
+        .acquire("k", &at(T3))
+        .await
+        .unwrap()
+        .release_done()
+        .await
+        .unwrap();
+    assert!(is_done(&locker.acquire("k", &at(T2)).await.unwrap_err()));
+    other
+        .acquire("k", &at(T4))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    nothing_held(&env, "k").await;
+}
+
+/// Requests per uncontended cycle (acquire + release), warm (the hint from the last release),
+/// without a tick, with an ordered tick, and with a tick id.
+#[tokio::test]
+async fn an_ordered_tick_costs_no_request_on_the_uncontended_path() {
+    let env = Env::new("tickcost").await;
+    let (locker, proxy) = env.proxied_locker().await;
+    let long = |o: LockOptions| LockOptions {
+        lease: Duration::from_secs(60),
+        heartbeat: Some(Duration::from_secs(20)),
+        ..o
+    };
+    // Warm up: the counter exists and the locker holds a hint.
+    locker
+        .acquire("k", &long(fast()))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut per_cycle = Vec::new();
+    for (label, opts) in [
+        ("no tick", long(fast())),
+        ("ordered tick", long(at(T1))),
+        ("next ordered tick", long(at(T2))),
+        ("tick id", long(id("batch-1"))),
+    ] {
+        proxy.reset_counts();
+        let g = locker.acquire("k", &opts).await.unwrap();
+        g.release_done().await.unwrap();
+        eprintln!(
+            "requests per uncontended cycle, {label}: {} {:?}",
+            proxy.total(),
+            proxy.counts()
+        );
+        per_cycle.push(proxy.total());
+    }
+    assert_eq!(per_cycle[..3], [2, 2, 2], "{per_cycle:?}");
+    // A tick id: one more read (after the grant) and one more write (the record).
+    assert_eq!(per_cycle[3], 4, "{per_cycle:?}");
+    // A duplicate ordered tick is answered by the seat take's refusal: one request.
+    proxy.reset_counts();
+    assert!(is_done(
+        &locker.acquire("k", &long(at(T2))).await.unwrap_err()
+    ));
+    eprintln!(
+        "requests for a duplicate (warm): {} {:?}",
+        proxy.total(),
+        proxy.counts()
+    );
+    assert!(proxy.total() <= 2, "{:?}", proxy.counts());
+}
+
+#[tokio::test]
+async fn tick_ids_run_once_and_their_records_stay_out_of_the_queue() {
+    let env = Env::new("tickid").await;
+    let (a, b) = (env.locker().await, env.locker().await);
+    a.acquire("k", &id("batch-7"))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap(); // failed
+    a.acquire("k", &id("batch-7"))
+        .await
+        .unwrap()
+        .release_done()
+        .await
+        .unwrap();
+    let err = b.acquire("k", &id("batch-7")).await.unwrap_err();
+    assert!(is_done(&err), "{err}");
+    b.acquire("k", &id("batch-8"))
+        .await
+        .unwrap()
+        .release_done()
+        .await
+        .unwrap();
+    nothing_held(&env, "k").await;
+    // The records are items of the partition, with a TTL, outside the queue's reads.
+    let records: Vec<_> = env
+        .items("k")
+        .await
+        .into_iter()
+        .filter(|i| i["sk"].as_s().is_ok_and(|s| s.starts_with("tick#")))
+        .collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    for r in &records {
+        let ttl: i64 = r["expiresAt"].as_n().unwrap().parse().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!((ttl - now - 30 * 3600).abs() < 120, "ttl {ttl} now {now}");
+    }
+    // A waiter behind a holder reads the queue, never the records; and the sweeper leaves them.
+    let summary = flightlock::Sweeper::new(env.client.clone(), &env.table)
+        .sweep(&flightlock::SweepOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(summary.deleted, 0, "{summary:?}");
+    assert_eq!(env.items("k").await.len(), 3); // the counter and two records
+}
