@@ -10,7 +10,8 @@
 //! paths); absolute latencies against DynamoDB itself are dominated by its ~5–10 ms per request.
 //!
 //! Layout: `main.rs` the sections in order, `common.rs` options and the report's rows,
-//! `contention.rs` the contended loop, `plain.rs` the plain conditional-put lock compared against.
+//! `contention.rs` the contended loop, `plain.rs` the plain conditional-put lock compared against,
+//! `tick.rs` once per tick (scheduled runs) on the uncontended path.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -182,6 +183,9 @@ async fn main() {
             "items < 1 KB: 1 a write, 2 a transaction item",
         );
     }
+
+    // 1c. Once per tick on the uncontended path: off / ordered tick / id tick, side by side.
+    tick::section(&mut report, &proxy, &table, args.cycles).await;
 
     // 2. Skip decision: wait = 0 on a held key.
     {

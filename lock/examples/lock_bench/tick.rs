@@ -86,7 +86,10 @@ pub async fn section(report: &mut Report, proxy: &FaultProxy, table: &str, cycle
             Kind::Id => "≤ off + 1 write",
         };
         report.row(
-            &format!("once per tick {}: requests / write units per cycle", kind.label()),
+            &format!(
+                "once per tick {}: requests / write units per cycle",
+                kind.label()
+            ),
             format!("{per:.2} / {units:.2}"),
             target,
         );
