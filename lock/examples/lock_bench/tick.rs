@@ -116,6 +116,12 @@ pub async fn section(report: &mut Report, proxy: &FaultProxy, table: &str, cycle
                 format!("{}", proxy.total()),
                 "",
             );
+            let detail: Vec<String> = proxy
+                .counts()
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            println!("      ({})", detail.join(", "));
         }
     }
 }
