@@ -1,4 +1,5 @@
-//! Body plumbing: one boxed body type, and a wrapper that reports when a streamed body ends.
+//! Body plumbing: one boxed body type, and a wrapper that reports when and how a streamed body
+//! ends.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -7,6 +8,8 @@ use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
+
+use crate::runtime_api::ERROR_TYPE_HEADER;
 
 /// Boxed error of bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -27,24 +30,56 @@ where
     body.map_err(Into::into).boxed()
 }
 
-/// Wraps a body and fires a oneshot when it has been read to the end, failed, or was dropped:
-/// the proxy releases a lock only after the whole response has gone upstream.
-pub struct NotifyOnEnd<B> {
-    inner: B,
-    tx: Option<oneshot::Sender<()>>,
+/// How a body forwarded by [`NotifyOnEnd`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Read to the end, without an error trailer.
+    Complete,
+    /// Read to the end, with a `Lambda-Runtime-Function-Error-Type` trailer: a streamed
+    /// response whose function failed midway (the Runtime API's response streaming reports a
+    /// late error so).
+    ErrorTrailer,
+    /// Failed while being read, or dropped before its end: not all of it went upstream.
+    Broken,
 }
 
-impl<B> NotifyOnEnd<B> {
+/// Wraps a body and fires a oneshot when it has been read to the end, failed, or was dropped,
+/// saying which ([`BodyEnd`]): the proxy releases a lock only after the whole response has gone
+/// upstream, and marks the invocation's tick done only if it went up complete and without an
+/// error trailer.
+pub struct NotifyOnEnd<B: Body> {
+    inner: B,
+    tx: Option<oneshot::Sender<BodyEnd>>,
+    error_trailer: bool,
+}
+
+impl<B: Body> NotifyOnEnd<B> {
     /// Wraps `inner`; the receiver resolves when it ends.
-    pub fn new(inner: B) -> (NotifyOnEnd<B>, oneshot::Receiver<()>) {
+    pub fn new(inner: B) -> (NotifyOnEnd<B>, oneshot::Receiver<BodyEnd>) {
         let (tx, rx) = oneshot::channel();
         (
             NotifyOnEnd {
                 inner,
                 tx: Some(tx),
+                error_trailer: false,
             },
             rx,
         )
+    }
+
+    /// How the body ended, once it has: complete, or complete with an error trailer.
+    fn complete(&self) -> BodyEnd {
+        if self.error_trailer {
+            BodyEnd::ErrorTrailer
+        } else {
+            BodyEnd::Complete
+        }
+    }
+
+    fn end(&mut self, end: BodyEnd) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(end);
+        }
     }
 }
 
@@ -57,10 +92,21 @@ impl<B: Body + Unpin> Body for NotifyOnEnd<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            if let Some(tx) = self.tx.take() {
-                let _ = tx.send(());
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame
+                    .trailers_ref()
+                    .is_some_and(|t| t.contains_key(ERROR_TYPE_HEADER))
+                {
+                    self.error_trailer = true;
+                }
             }
+            Poll::Ready(None) => {
+                let end = self.complete();
+                self.end(end);
+            }
+            Poll::Ready(Some(Err(_))) => self.end(BodyEnd::Broken),
+            Poll::Pending => {}
         }
         polled
     }
@@ -74,11 +120,16 @@ impl<B: Body + Unpin> Body for NotifyOnEnd<B> {
     }
 }
 
-impl<B> Drop for NotifyOnEnd<B> {
+impl<B: Body> Drop for NotifyOnEnd<B> {
+    /// A body of known length is not polled past its last frame (the sender sees
+    /// `is_end_stream`): dropped at its end, it is complete; dropped before, it is broken.
     fn drop(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            let _ = tx.send(());
-        }
+        let end = if self.inner.is_end_stream() {
+            self.complete()
+        } else {
+            BodyEnd::Broken
+        };
+        self.end(end);
     }
 }
 
@@ -99,6 +150,66 @@ mod tests {
         let collected = body.collect().await.unwrap();
         assert_eq!(collected.trailers().unwrap()["x-t"], "1");
         assert_eq!(collected.to_bytes(), Bytes::from_static(b"ab"));
-        assert!(rx.await.is_ok());
+        assert_eq!(rx.await, Ok(BodyEnd::Complete));
+    }
+
+    #[tokio::test]
+    async fn tells_an_error_trailer_and_a_body_cut_short() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert(
+            "Lambda-Runtime-Function-Error-Type",
+            http::HeaderValue::from_static("Runtime.StreamError"),
+        );
+        let body = http_body_util::StreamBody::new(futures::stream::iter(vec![
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"partial"))),
+            Ok(Frame::trailers(trailers)),
+        ]));
+        let (body, rx) = NotifyOnEnd::new(body);
+        let collected = body.collect().await.unwrap();
+        assert!(collected.trailers().is_some());
+        assert_eq!(rx.await, Ok(BodyEnd::ErrorTrailer));
+
+        // Other trailers are no error.
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-t", http::HeaderValue::from_static("1"));
+        let body = http_body_util::StreamBody::new(futures::stream::iter(vec![Ok::<
+            _,
+            std::convert::Infallible,
+        >(
+            Frame::<Bytes>::trailers(trailers),
+        )]));
+        let (body, rx) = NotifyOnEnd::new(body);
+        body.collect().await.unwrap();
+        assert_eq!(rx.await, Ok(BodyEnd::Complete));
+
+        // A body that fails midway, and one dropped before its end.
+        let body = http_body_util::StreamBody::new(futures::stream::iter(vec![
+            Ok(Frame::data(Bytes::from_static(b"a"))),
+            Err(std::io::Error::other("runtime went away")),
+        ]));
+        let (body, rx) = NotifyOnEnd::new(body);
+        assert!(body.collect().await.is_err());
+        assert_eq!(rx.await, Ok(BodyEnd::Broken));
+        let body = http_body_util::StreamBody::new(futures::stream::iter(vec![Ok::<
+            _,
+            std::convert::Infallible,
+        >(
+            Frame::data(Bytes::from_static(b"a")),
+        )]));
+        let (body, rx) = NotifyOnEnd::new(body);
+        drop(body);
+        assert_eq!(rx.await, Ok(BodyEnd::Broken));
+
+        // A body of known length, dropped after its last frame without a final poll (as a
+        // sender that trusts `is_end_stream` does), or empty and never polled: complete.
+        let (mut body, rx) = NotifyOnEnd::new(Full::new(Bytes::from_static(b"{}")));
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"{}"));
+        assert!(body.is_end_stream());
+        drop(body);
+        assert_eq!(rx.await, Ok(BodyEnd::Complete));
+        let (body, rx) = NotifyOnEnd::new(Full::new(Bytes::new()));
+        drop(body);
+        assert_eq!(rx.await, Ok(BodyEnd::Complete));
     }
 }

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use flightlock::lambda::gate::Run;
 use lambda_extension::NextEvent;
 
 use crate::invocations::Slot;
@@ -175,7 +176,8 @@ async fn wait_done_or_runtime_exit(proxy: &Proxy, slot: &Slot, id: &str, limit: 
                 "the runtime exited in the middle of the invocation (its whole process tree is \
                  gone); releasing its lock now"
             );
-            proxy.release(slot).await;
+            // A crash: the run failed, its tick stays for the retries.
+            proxy.release(slot, Run::Failed).await;
             slot.mark_done();
             return true;
         }

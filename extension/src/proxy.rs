@@ -24,7 +24,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use flightlock::lambda::body::{error_body, EVENT_ERROR_TYPE};
 use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::Gate;
+use flightlock::lambda::gate::{Gate, Run};
 use flightlock::Locker;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -48,7 +47,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 use tracing::{field, Instrument};
 
-use crate::body::{boxed, full, BoxError, NotifyOnEnd, ProxyBody};
+use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
 use crate::mode::Mode;
@@ -59,9 +58,11 @@ use crate::runtime_api::{
 use crate::runtime_process::{self, Proc};
 
 mod gate;
+mod handover;
 mod next;
 
 pub use flightlock::lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use handover::Conn;
 pub use next::usable_request_id;
 use next::Fetched;
 
@@ -296,7 +297,8 @@ impl Proxy {
                 }
                 resp
             }
-            Route::Response(id) | Route::Error(id) => self.finish(req, &id).await,
+            Route::Response(id) => self.finish(req, &id, true).await,
+            Route::Error(id) => self.finish(req, &id, false).await,
             Route::RestoreNext => self.restore_next(req).await,
             Route::Other => {
                 let (parts, body) = req.into_parts();
@@ -392,11 +394,16 @@ impl Proxy {
         }
     }
 
-    /// `POST {id}/response` or `{id}/error`: forward (streamed), then release and mark done.
+    /// `POST {id}/response` (`response` true) or `{id}/error`: forward (streamed), then release
+    /// and mark the slot done. The run succeeded (its tick is marked done) only if it is a
+    /// response, its whole body went upstream without an error trailer, and upstream accepted
+    /// it; anything else (an error, a streamed response that failed midway, a body cut short,
+    /// an answer Lambda refused, e.g. too large) leaves the tick for the retries.
     async fn finish(
         &self,
         req: Request<Incoming>,
         id: &str,
+        response: bool,
     ) -> Result<Response<ProxyBody>, BoxError> {
         let slot = self.invocations.get(id);
         let span = slot.as_ref().map_or_else(tracing::Span::none, |s| s.span());
@@ -414,85 +421,21 @@ impl Proxy {
                 .await;
             // The upstream answer can come before the whole body went up (streaming): release
             // only once the body has ended (or failed, or was dropped).
-            let _ = ended.await;
+            let end = ended.await.unwrap_or(BodyEnd::Broken);
+            let accepted = matches!(&result, Ok(r) if r.status().is_success());
+            let run = if response && accepted && end == BodyEnd::Complete {
+                Run::Succeeded
+            } else {
+                Run::Failed
+            };
             if let Some(slot) = &slot {
-                self.release(slot).await;
+                self.release(slot, run).await;
                 slot.mark_done();
             }
             result
         }
         .instrument(span)
         .await
-    }
-}
-
-/// The two ends of a runtime connection.
-#[derive(Debug, Clone)]
-struct Conn {
-    /// The runtime side.
-    peer: SocketAddr,
-    /// The proxy side.
-    local: SocketAddr,
-    /// The runtime process on the other end, once found: a keep-alive connection (awslambdaric,
-    /// aws-lambda-ric, `lambda_runtime`) is traced once, not at every event.
-    runtime: Arc<std::sync::OnceLock<Proc>>,
-}
-
-impl Proxy {
-    /// An event is about to go to the runtime process on `conn` (Managed Instances): note which
-    /// process that is, and start the invocation's crash watch, bounded by its deadline.
-    async fn handed_over(self: &Arc<Self>, resp: &Response<ProxyBody>, conn: Conn) {
-        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
-        let Some(id) = header(REQUEST_ID_HEADER).map(str::to_owned) else {
-            return;
-        };
-        let Some(slot) = self.invocations.get(&id) else {
-            return;
-        };
-        let deadline = header(DEADLINE_HEADER)
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
-        let cached = conn.runtime.get().copied();
-        let runtime = match cached {
-            Some(p) => Some(p),
-            None => {
-                let root = self.proc_root.clone();
-                let api = format!("127.0.0.1:{}", self.config.proxy_port);
-                let (peer, local) = (conn.peer, conn.local);
-                let found = tokio::task::spawn_blocking(move || {
-                    crate::peer::runtime_of_connection(&root, peer, local, &api)
-                })
-                .await
-                .ok()
-                .flatten();
-                if let Some(p) = found {
-                    let _ = conn.runtime.set(p);
-                }
-                found
-            }
-        };
-        if runtime.is_none() && !self.runtime_unknown_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                request_id = %id,
-                "the runtime process of this connection is not known (not started through \
-                 /opt/flightlock-wrapper, or /proc is not readable): if it crashes \
-                 mid-invocation its lock is released at SHUTDOWN or when the lease (capped at \
-                 the deadline) lapses, not at once"
-            );
-        }
-        tracing::debug!(
-            request_id = %id,
-            runtime_pid = runtime.map(|p| p.pid),
-            cached = cached.is_some(),
-            "runtime process of the connection"
-        );
-        slot.set_runtime(runtime);
-        tokio::spawn(crate::lifecycle::watch_handed_over(
-            self.clone(),
-            id,
-            slot,
-            deadline,
-        ));
     }
 }
 

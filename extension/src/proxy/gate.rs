@@ -2,7 +2,7 @@
 //! it decided; releasing.
 
 use super::*;
-use flightlock::lambda::gate::Outcome;
+use flightlock::lambda::gate::{Outcome, Run};
 
 impl Proxy {
     /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
@@ -41,20 +41,23 @@ impl Proxy {
         }
     }
 
-    /// Releases the lock held by `slot`, if any.
-    pub async fn release(&self, slot: &Slot) {
+    /// Releases the lock held by `slot`, if any, after a run that ended as `run` (a succeeded
+    /// run marks its tick done).
+    pub async fn release(&self, slot: &Slot, run: Run) {
         if let Some(held) = slot.take_held() {
             let _in_flight = Releasing::start(&self.releasing);
-            self.current_gate().release(held).await;
+            self.current_gate().release(held, run).await;
         }
     }
 
-    /// Releases every held lock, within `budget` (shutdown).
+    /// Releases every held lock, within `budget` (shutdown). Their runs never answered: failed,
+    /// so their ticks stay for the retries.
     pub async fn release_all(&self, budget: Duration) {
         let held = self.invocations.take_all_held();
         let n = held.len();
         let gate = self.current_gate();
-        let releases = futures::future::join_all(held.into_iter().map(|h| gate.release(h)));
+        let releases =
+            futures::future::join_all(held.into_iter().map(|h| gate.release(h, Run::Failed)));
         let all = async {
             releases.await;
             // Releases already under way elsewhere (the watch of a runtime that died just

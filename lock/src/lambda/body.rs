@@ -8,6 +8,10 @@ use crate::error::HeldBy;
 pub const BUSY_ERROR_TYPE: &str = "FlightlockBusy";
 /// `errorType` when the key template cannot be rendered from the event.
 pub const KEY_ERROR_TYPE: &str = "FlightlockKeyError";
+/// `errorType` when the invocation's tick cannot be found (`FLIGHTLOCK_TICK`: a template that
+/// does not match the event, a scheduled event whose `time` is not a timestamp) or cannot be
+/// checked (`FLIGHTLOCK_STALE_AFTER` with a tick id, which has no age).
+pub const TICK_ERROR_TYPE: &str = "FlightlockTickError";
 /// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
 pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
 /// `errorType` when the extension could not read an event from the Runtime API: the invocation
@@ -54,11 +58,49 @@ pub fn redact_aws_ids(message: &str) -> String {
     out
 }
 
+/// Why an invocation was answered with a success body without running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// The key stayed held for the whole wait (`FLIGHTLOCK_ON_BUSY=skip`).
+    Busy,
+    /// The invocation's tick already ran successfully (a duplicate delivery or a retry).
+    Duplicate,
+    /// The invocation's tick is older than `FLIGHTLOCK_STALE_AFTER`.
+    Stale,
+    /// A newer tick replaced this waiting invocation (`FLIGHTLOCK_COALESCE=on`).
+    Superseded,
+}
+
+impl SkipReason {
+    /// The `reason` field of the skip body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Busy => "busy",
+            SkipReason::Duplicate => "duplicate",
+            SkipReason::Stale => "stale",
+            SkipReason::Superseded => "superseded",
+        }
+    }
+}
+
 /// The success body answered for a skipped invocation:
-/// `{"flightlock":{"skipped":true,"key":"...","heldBy":{...} | null}}`.
-pub fn skipped_body(key: &str, held_by: Option<&HeldBy>) -> serde_json::Value {
+/// `{"flightlock":{"skipped":true,"reason":"busy","key":"...","tick":"..." | null,"heldBy":{...} | null}}`.
+/// `tick` is the invocation's tick (an ordered one as RFC 3339 UTC), `heldBy` the holder of a
+/// busy key when known.
+pub fn skipped_body(
+    reason: SkipReason,
+    key: &str,
+    tick: Option<&str>,
+    held_by: Option<&HeldBy>,
+) -> serde_json::Value {
     serde_json::json!({
-        "flightlock": { "skipped": true, "key": key, "heldBy": held_by }
+        "flightlock": {
+            "skipped": true,
+            "reason": reason.as_str(),
+            "key": key,
+            "tick": tick,
+            "heldBy": held_by,
+        }
     })
 }
 
@@ -94,11 +136,22 @@ mod tests {
 
     #[test]
     fn bodies_have_the_documented_shape() {
-        let b = skipped_body("k", None);
+        let b = skipped_body(SkipReason::Busy, "k", None, None);
         assert_eq!(
             b,
-            serde_json::json!({"flightlock": {"skipped": true, "key": "k", "heldBy": null}})
+            serde_json::json!({"flightlock": {
+                "skipped": true, "reason": "busy", "key": "k", "tick": null, "heldBy": null
+            }})
         );
+        for (reason, word) in [
+            (SkipReason::Duplicate, "duplicate"),
+            (SkipReason::Stale, "stale"),
+            (SkipReason::Superseded, "superseded"),
+        ] {
+            let b = skipped_body(reason, "k", Some("2026-11-24T10:00:00.000Z"), None);
+            assert_eq!(b["flightlock"]["reason"], word);
+            assert_eq!(b["flightlock"]["tick"], "2026-11-24T10:00:00.000Z");
+        }
         let e = error_body(BUSY_ERROR_TYPE, "busy");
         assert_eq!(e["errorType"], "FlightlockBusy");
     }

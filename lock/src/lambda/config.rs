@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::key::KeyTemplate;
+use super::tick::{parse_stale_after, TickSource, STALE_AFTER_FORMS, TICK_FORMS};
 use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
 use crate::schema::HolderInfo;
 
@@ -46,6 +47,12 @@ pub const LOG_LEVEL: &str = "FLIGHTLOCK_LOG_LEVEL";
 pub const METRICS: &str = "FLIGHTLOCK_METRICS";
 /// The extension's init check of `AWS_LAMBDA_EXEC_WRAPPER`, on or off.
 pub const WRAPPER_CHECK: &str = "FLIGHTLOCK_WRAPPER_CHECK";
+/// Where an invocation's tick comes from: `auto`, `off` or a template.
+pub const TICK: &str = "FLIGHTLOCK_TICK";
+/// Drop an ordered tick older than this: a duration or `off`.
+pub const STALE_AFTER: &str = "FLIGHTLOCK_STALE_AFTER";
+/// Coalesce overruns (at most one later run waits, the newest), on or off.
+pub const COALESCE: &str = "FLIGHTLOCK_COALESCE";
 
 /// Every variable [`Config::from_map`] understands.
 pub const KNOWN: &[&str] = &[
@@ -62,6 +69,9 @@ pub const KNOWN: &[&str] = &[
     LOG_LEVEL,
     METRICS,
     WRAPPER_CHECK,
+    TICK,
+    STALE_AFTER,
+    COALESCE,
 ];
 
 /// Lambda's variable with the Runtime API address (`host:port`).
@@ -131,6 +141,15 @@ pub struct Config {
     /// `FLIGHTLOCK_WRAPPER_CHECK`. Default on. Used by the extension only (the in-process layer
     /// needs no wrapper).
     pub wrapper_check: bool,
+    /// `FLIGHTLOCK_TICK`: where an invocation's tick comes from. Default `auto`: an
+    /// EventBridge scheduled event's `time`, no tick for any other event.
+    pub tick: TickSource,
+    /// `FLIGHTLOCK_STALE_AFTER`: an ordered tick older than this is dropped (skip reason
+    /// `stale`) without touching the table. Default off (`None`).
+    pub stale_after: Option<Duration>,
+    /// `FLIGHTLOCK_COALESCE`: at most one later run waits for the key, the newest; the one it
+    /// replaces is answered `superseded`. Needs `FLIGHTLOCK_WAIT` above 0. Default off.
+    pub coalesce: bool,
     /// `AWS_LAMBDA_FUNCTION_NAME`, written into rows for people.
     pub function_name: Option<String>,
 }
@@ -280,15 +299,46 @@ impl Config {
                 lower
             }
         };
-        let switch = |name: &str| -> Result<bool, ConfigError> {
+        let switch = |name: &str, default: bool| -> Result<bool, ConfigError> {
             match get(name) {
-                None => Ok(true),
+                None => Ok(default),
                 Some(v) => crate::options::parse_switch(&v)
                     .map_err(|_| err(name, &v, "not a switch", crate::options::SWITCH_FORMS)),
             }
         };
-        let metrics = switch(METRICS)?;
-        let wrapper_check = switch(WRAPPER_CHECK)?;
+        let metrics = switch(METRICS, true)?;
+        let wrapper_check = switch(WRAPPER_CHECK, true)?;
+        let tick = match get(TICK) {
+            None => TickSource::Auto,
+            Some(v) => TickSource::parse(&v).map_err(|p| err(TICK, &v, p, TICK_FORMS))?,
+        };
+        let stale_after = match get(STALE_AFTER) {
+            None => None,
+            Some(v) => {
+                let d = parse_stale_after(&v)
+                    .map_err(|p| err(STALE_AFTER, &v, p, STALE_AFTER_FORMS))?;
+                if d.is_some() && tick == TickSource::Off {
+                    return Err(err(
+                        STALE_AFTER,
+                        &v,
+                        format!("{TICK}=off: without a tick there is nothing to be stale"),
+                        &format!("off, or set {TICK} to auto or a template"),
+                    ));
+                }
+                d
+            }
+        };
+        let coalesce = switch(COALESCE, false)?;
+        if coalesce && wait == Wait::NoWait {
+            return Err(err(
+                COALESCE,
+                env.get(COALESCE).map_or("", |v| v.trim()),
+                format!(
+                    "{WAIT} is 0: with no wait nothing queues, so there is nothing to coalesce into"
+                ),
+                &format!("off, or on with {WAIT} set to a duration or forever"),
+            ));
+        }
 
         let config = Config {
             table,
@@ -304,6 +354,9 @@ impl Config {
             log_level,
             metrics,
             wrapper_check,
+            tick,
+            stale_after,
+            coalesce,
             function_name,
         };
         // Check lease / heartbeat / skew against each other now, at init, not at the first
@@ -349,7 +402,8 @@ impl Config {
 
     /// The options of one acquisition for an invocation whose deadline is `deadline` (`None`: no
     /// deadline), at wall time `now`: the wait is capped at `deadline - margin` (no time left:
-    /// no wait), and heartbeats never extend the lease past `deadline + LEASE_CAP_GRACE`.
+    /// no wait, and then no coalescing either: nothing would wait), and heartbeats never extend
+    /// the lease past `deadline + LEASE_CAP_GRACE`. No tick: the gate sets the invocation's.
     pub fn lock_options(
         &self,
         deadline: Option<SystemTime>,
@@ -377,6 +431,7 @@ impl Config {
             clock_skew: self.clock_skew,
             holder,
             lease_cap: deadline.map(|d| d + LEASE_CAP_GRACE),
+            coalesce: self.coalesce && wait != Wait::NoWait,
             ..LockOptions::default()
         }
     }
@@ -406,180 +461,4 @@ pub fn runtime_api_authority(value: &str) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
-    fn base() -> Vec<(&'static str, &'static str)> {
-        vec![
-            (TABLE, "locks"),
-            (FUNCTION_NAME, "nightly"),
-            (RUNTIME_API, "127.0.0.1:9001"),
-        ]
-    }
-
-    fn with(extra: &[(&'static str, &'static str)]) -> HashMap<String, String> {
-        let mut v = base();
-        v.extend_from_slice(extra);
-        map(&v)
-    }
-
-    fn bad(extra: &[(&'static str, &'static str)]) -> ConfigError {
-        Config::from_map(&with(extra)).unwrap_err()
-    }
-
-    #[test]
-    fn defaults() {
-        let c = Config::from_map(&with(&[])).unwrap();
-        assert_eq!(c.table, "locks");
-        assert_eq!(c.key.render_bytes(b"not json").unwrap(), "nightly");
-        assert_eq!(c.wait, Wait::NoWait);
-        assert_eq!(c.on_busy, OnBusy::Skip);
-        assert_eq!(c.lease, Duration::from_secs(20));
-        assert_eq!(c.heartbeat, None);
-        assert_eq!(c.clock_skew, ClockSkew::Bounded(Duration::from_secs(1)));
-        assert_eq!(c.proxy_port, 9009);
-        assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9001"));
-        assert_eq!(c.log_level, "info");
-        assert!(c.metrics);
-        assert!(c.wrapper_check);
-    }
-
-    #[test]
-    fn every_variable_parses() {
-        let c = Config::from_map(&with(&[
-            (KEY, "job-{/detail/id}"),
-            (WAIT, "forever"),
-            (ON_BUSY, "error"),
-            (LEASE, "9s"),
-            (HEARTBEAT, "2s"),
-            (CLOCK_SKEW, "unbounded"),
-            (DEADLINE_MARGIN, "250ms"),
-            (PROXY_PORT, "9100"),
-            (UPSTREAM, "http://127.0.0.1:9200/"),
-            (LOG_LEVEL, "DEBUG"),
-            (METRICS, "off"),
-            (WRAPPER_CHECK, "off"),
-        ]))
-        .unwrap();
-        assert!(!c.wrapper_check);
-        assert!(c.key.reads_event());
-        assert_eq!(c.wait, Wait::Forever);
-        assert_eq!(c.on_busy, OnBusy::Error);
-        assert_eq!(c.lease, Duration::from_secs(9));
-        assert_eq!(c.heartbeat, Some(Duration::from_secs(2)));
-        assert_eq!(c.clock_skew, ClockSkew::Unbounded);
-        assert_eq!(c.deadline_margin, Duration::from_millis(250));
-        assert_eq!(c.proxy_port, 9100);
-        assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9200"));
-        assert_eq!(c.log_level, "debug");
-        assert!(!c.metrics);
-    }
-
-    #[test]
-    fn every_bad_value_names_its_variable_and_the_accepted_forms() {
-        let cases: &[(&str, &str, &str)] = &[
-            (WAIT, "soon", "forever"),
-            (ON_BUSY, "skipp", "skip, error"),
-            (LEASE, "long", "500ms"),
-            (LEASE, "10ms", "at least 100ms"),
-            (HEARTBEAT, "15s", "half the lease"),
-            (HEARTBEAT, "x", "500ms"),
-            (CLOCK_SKEW, "-1", "unbounded"),
-            (DEADLINE_MARGIN, "1 parsec", "500ms"),
-            (PROXY_PORT, "70000", "1-65535"),
-            (PROXY_PORT, "0", "1-65535"),
-            (UPSTREAM, "https://x:1", "host:port"),
-            (UPSTREAM, "localhost", "host:port"),
-            (LOG_LEVEL, "loud", "debug"),
-            (METRICS, "maybe", "on, off"),
-            (WRAPPER_CHECK, "sometimes", "on, off"),
-            (KEY, "job-{detail}", "{/json/pointer}"),
-            (KEY, "job-{/a", "{/json/pointer}"),
-            (KEY, "a}b", "}}"),
-            (TABLE, "a b", "a-z"),
-            ("FLIGHTLOCK_WIAT", "10s", "FLIGHTLOCK_WAIT"),
-        ];
-        for (var, value, accepted) in cases {
-            let e = bad(&[(var, value)]);
-            assert_eq!(e.variable, *var, "{var}={value}: {e}");
-            let msg = e.to_string();
-            assert!(msg.starts_with(&format!("{var}=")), "{msg}");
-            assert!(msg.contains(accepted), "{var}={value}: {msg}");
-        }
-    }
-
-    #[test]
-    fn table_is_required_and_key_falls_back_to_the_function_name() {
-        let e = Config::from_map(&map(&[(FUNCTION_NAME, "f")])).unwrap_err();
-        assert_eq!(e.variable, TABLE);
-        let e = Config::from_map(&map(&[(TABLE, "locks")])).unwrap_err();
-        assert_eq!(e.variable, KEY);
-        let c = Config::from_map(&map(&[(TABLE, "locks"), (KEY, "k")])).unwrap();
-        assert_eq!(c.upstream, None);
-        // A blank value is unset, not an error.
-        let c = Config::from_map(&with(&[(WAIT, " ")])).unwrap();
-        assert_eq!(c.wait, Wait::NoWait);
-    }
-
-    #[test]
-    fn runtime_api_is_accepted_with_or_without_a_scheme() {
-        for v in [
-            "127.0.0.1:9001",
-            "http://127.0.0.1:9001",
-            "HTTP://127.0.0.1:9001/",
-        ] {
-            assert_eq!(runtime_api_authority(v).unwrap(), "127.0.0.1:9001");
-        }
-        assert!(runtime_api_authority("127.0.0.1").is_err());
-        assert!(runtime_api_authority("127.0.0.1:9001/path").is_err());
-        let mut env = with(&[]);
-        env.insert(RUNTIME_API.into(), "bogus".into());
-        assert_eq!(Config::from_map(&env).unwrap_err().variable, RUNTIME_API);
-    }
-
-    #[test]
-    fn the_wait_is_capped_by_the_deadline_and_the_lease_by_deadline_plus_grace() {
-        let c = Config::from_map(&with(&[(WAIT, "forever")])).unwrap();
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
-        let deadline = now + Duration::from_secs(10);
-        let o = c.lock_options(Some(deadline), now, HolderInfo::default());
-        assert_eq!(o.wait, Wait::For(Duration::from_secs(9)));
-        assert_eq!(o.lease_cap, Some(deadline + LEASE_CAP_GRACE));
-        let c = Config::from_map(&with(&[(WAIT, "3s")])).unwrap();
-        let o = c.lock_options(Some(deadline), now, HolderInfo::default());
-        assert_eq!(o.wait, Wait::For(Duration::from_secs(3)));
-        // Within the margin of the deadline: no wait at all.
-        let o = c.lock_options(
-            Some(now + Duration::from_millis(500)),
-            now,
-            HolderInfo::default(),
-        );
-        assert_eq!(o.wait, Wait::NoWait);
-        let o = c.lock_options(None, now, HolderInfo::default());
-        assert_eq!(
-            (o.wait, o.lease_cap),
-            (Wait::For(Duration::from_secs(3)), None)
-        );
-    }
-
-    #[test]
-    fn a_key_template_with_skip_is_warned_about() {
-        let c = Config::from_map(&with(&[(KEY, "job-{/detail/id}")])).unwrap();
-        let w = c.warnings();
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(
-            w[0].contains("FLIGHTLOCK_ON_BUSY=error") && w[0].contains("SQS"),
-            "{w:?}"
-        );
-        let c = Config::from_map(&with(&[(KEY, "job-{/detail/id}"), (ON_BUSY, "error")])).unwrap();
-        assert!(c.warnings().is_empty());
-        assert!(Config::from_map(&with(&[])).unwrap().warnings().is_empty());
-    }
-}
+mod tests;

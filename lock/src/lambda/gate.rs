@@ -4,11 +4,21 @@
 //!
 //! ```text
 //! event bytes, tenant ─► key from the template ─┬─ error ──────► Failed(FlightlockKeyError)
-//!                                        └─ acquire, bounded by the invocation deadline
-//!                                            ├─ held ──────────► Acquired (heartbeating)
-//!                                            ├─ busy ──────────► Skipped(body) | Failed(FlightlockBusy)
-//!                                            └─ error / late ──► Failed(FlightlockLockError)
+//!                        tick (FLIGHTLOCK_TICK) ┼─ error ──────► Failed(FlightlockTickError)
+//!                        older than STALE_AFTER ┼─ yes ────────► Skipped(stale), no request
+//!                                               └─ acquire, bounded by the invocation deadline
+//!                                                  ├─ held ──────────► Acquired (heartbeating)
+//!                                                  ├─ tick done ─────► Skipped(duplicate)
+//!                                                  ├─ superseded ────► Skipped(superseded)
+//!                                                  ├─ busy ──────────► Skipped(busy) | Failed(FlightlockBusy)
+//!                                                  └─ error / late ──► Failed(FlightlockLockError)
 //! ```
+//!
+//! The adapter runs the handler and then calls [`Gate::release`] with how the run ended: a
+//! [`Run::Succeeded`] run marks its tick done (a later delivery of it is a duplicate), a
+//! [`Run::Failed`] one does not (retries run it again). Duplicates, stale and superseded ticks
+//! are answered with a success body whatever `FLIGHTLOCK_ON_BUSY` says: they are meant not to
+//! run, and an error would only bring retries that are answered the same way.
 //!
 //! Every decision ends before the deadline: the acquisition (each DynamoDB attempt and retry
 //! included) is bounded by [`decision_budget`]; releases by [`release_budget`]. Error bodies
@@ -19,52 +29,28 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::Instrument;
 
-use super::body::{redact_aws_ids, skipped_body, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE};
-use super::config::{Config, OnBusy, DEADLINE_MARGIN};
+use super::body::{
+    redact_aws_ids, skipped_body, SkipReason, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
+    TICK_ERROR_TYPE,
+};
+use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
 use super::metrics::{Metric, Metrics};
-use crate::{Error, HolderInfo, LockGuard, Locker, ReleaseOutcome};
+use super::tick::age;
+use crate::{Error, HolderInfo, LockGuard, LockOptions, Locker, ReleaseOutcome, Tick};
 
-/// Connect timeout for the DynamoDB client of a gate (a regional endpoint answers in ms).
-pub const SDK_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Per-attempt timeout for the DynamoDB client of a gate: a hung attempt gives way to a retry
-/// well inside a decision budget (the locker's default is 5 s, longer than a 3 s function's).
-pub const SDK_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Releasing never takes less than this, even at the deadline (the row lapses anyway).
-const RELEASE_MIN: Duration = Duration::from_millis(500);
-/// Releasing never takes longer than this after the invocation ended.
-const RELEASE_MAX: Duration = Duration::from_secs(3);
+mod budget;
 
-/// How long the decision for an invocation may take (acquire, and the holder read of a busy
-/// key), when `left` is the time until its deadline: up to half of the deadline margin before
-/// the deadline, so the answer (skip body or error) still goes out in time. The lock's own wait
-/// ends a full margin before the deadline (see [`Config::lock_options`]), so a key that stays
-/// held is reported as busy, not as a timeout. With less than a margin left, half of what is
-/// left. Pure.
-pub fn decision_budget(left: Duration, margin: Duration) -> Duration {
-    left.saturating_sub(margin / 2).max(left / 2)
-}
-
-/// How long a failed acquisition may spend asking the table check for a better error.
-const EXPLAIN_MAX: Duration = Duration::from_millis(500);
-
-/// How long a release may take, when `left` is the time until the deadline (`None`: unknown).
-pub fn release_budget(left: Option<Duration>) -> Duration {
-    left.unwrap_or(RELEASE_MAX).clamp(RELEASE_MIN, RELEASE_MAX)
-}
-
-/// Time until `deadline`, zero if past.
-fn until(deadline: SystemTime) -> Duration {
-    deadline
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO)
-}
+pub use budget::{decision_budget, release_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use budget::{until, EXPLAIN_MAX, RELEASE_MAX};
 
 /// A lock held for an invocation: give it back with [`Gate::release`].
 #[derive(Debug)]
 pub struct Held {
-    guard: LockGuard,
+    // Boxed: a guard is large, and `Outcome`'s other variants are small.
+    guard: Box<LockGuard>,
     watcher: tokio::task::JoinHandle<()>,
     deadline: Option<SystemTime>,
+    tick: Option<Tick>,
 }
 
 impl Held {
@@ -72,6 +58,21 @@ impl Held {
     pub fn token(&self) -> u64 {
         self.guard.token()
     }
+
+    /// The invocation's tick, if it has one.
+    pub fn tick(&self) -> Option<&Tick> {
+        self.tick.as_ref()
+    }
+}
+
+/// How the handler's run ended, for [`Gate::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// The handler answered successfully: the tick (if any) is marked done.
+    Succeeded,
+    /// The handler failed, timed out or crashed, or the answer did not reach Lambda: the tick
+    /// is not marked, so a retry runs it again.
+    Failed,
 }
 
 /// The decision for one invocation.
@@ -169,14 +170,22 @@ impl Gate {
             }
         };
         span.record("key", key.as_str());
+        let tick = match self.tick(event, tenant, &key) {
+            Ok(t) => t,
+            Err(outcome) => return outcome,
+        };
+        let tick_text = tick.as_ref().map(Tick::to_string);
         let holder = HolderInfo {
             function: self.config.function_name.clone(),
             request_id: Some(request_id.to_owned()),
             host: Some(self.host.clone()),
         };
-        let opts = self
-            .config
-            .lock_options(deadline, SystemTime::now(), holder);
+        let opts = LockOptions {
+            tick: tick.clone(),
+            ..self
+                .config
+                .lock_options(deadline, SystemTime::now(), holder)
+        };
         let started = Instant::now();
         // Every decision before the deadline: whatever DynamoDB does (blackholed, refusing,
         // slow), the acquisition ends within the budget. Dropping an acquisition in flight is
@@ -219,10 +228,31 @@ impl Gate {
                     .instrument(span.clone()),
                 );
                 Outcome::Acquired(Held {
-                    guard,
+                    guard: Box::new(guard),
                     watcher,
                     deadline,
+                    tick,
                 })
+            }
+            Err(e @ Error::TickDone { .. }) => {
+                tracing::info!(reason = %e, "tick already done: duplicate invocation skipped");
+                self.metrics.count(Metric::Duplicates);
+                Outcome::Skipped(skipped_body(
+                    SkipReason::Duplicate,
+                    &key,
+                    tick_text.as_deref(),
+                    None,
+                ))
+            }
+            Err(e @ Error::Superseded { .. }) => {
+                tracing::info!(reason = %e, "a newer tick replaced this one: invocation skipped");
+                self.metrics.count(Metric::Superseded);
+                Outcome::Skipped(skipped_body(
+                    SkipReason::Superseded,
+                    &key,
+                    tick_text.as_deref(),
+                    None,
+                ))
             }
             Err(e @ Error::Busy { .. }) => {
                 let held_by = match &e {
@@ -250,7 +280,12 @@ impl Gate {
                     OnBusy::Skip => {
                         tracing::info!(reason = %e, "key busy: invocation skipped");
                         self.metrics.count(Metric::Skipped);
-                        Outcome::Skipped(skipped_body(&key, held_by.as_ref()))
+                        Outcome::Skipped(skipped_body(
+                            SkipReason::Busy,
+                            &key,
+                            tick_text.as_deref(),
+                            held_by.as_ref(),
+                        ))
                     }
                     OnBusy::Error => {
                         tracing::info!(reason = %e, "key busy: invocation failed with {BUSY_ERROR_TYPE}");
@@ -296,14 +331,17 @@ impl Gate {
         });
     }
 
-    /// Releases a held lock, bounded by the time left until its invocation's deadline (see
-    /// [`release_budget`]): an unreachable DynamoDB must not hold the invocation open. An
-    /// unfinished release leaves the row to lapse (its lease is capped at the deadline + grace).
-    pub async fn release(&self, held: Held) {
+    /// Releases a held lock after a run that ended as `run`: [`Run::Succeeded`] marks the tick
+    /// done ([`LockGuard::release_done`]), [`Run::Failed`] does not ([`LockGuard::release`]).
+    /// Bounded by the time left until its invocation's deadline (see [`release_budget`]): an
+    /// unreachable DynamoDB must not hold the invocation open. An unfinished release leaves the
+    /// row to lapse (its lease is capped at the deadline + grace) and the tick unmarked.
+    pub async fn release(&self, held: Held, run: Run) {
         let Held {
             guard,
             watcher,
             deadline,
+            tick,
         } = held;
         watcher.abort();
         let failures = guard.heartbeat_failures();
@@ -311,10 +349,24 @@ impl Gate {
             self.metrics.put(Metric::HeartbeatErrors, failures as f64);
         }
         let budget = release_budget(deadline.map(until));
-        match tokio::time::timeout(budget, guard.release()).await {
-            Ok(Ok(ReleaseOutcome::Released)) => tracing::info!("lock released"),
+        let marks = tick.is_some() && run == Run::Succeeded;
+        let release = async {
+            match run {
+                Run::Succeeded => guard.release_done().await,
+                Run::Failed => guard.release().await,
+            }
+        };
+        match tokio::time::timeout(budget, release).await {
+            Ok(Ok(ReleaseOutcome::Released)) if marks => {
+                tracing::info!("lock released, tick marked done")
+            }
+            Ok(Ok(ReleaseOutcome::Released)) => tracing::info!(?run, "lock released"),
             Ok(Ok(ReleaseOutcome::Lost)) => {
                 tracing::warn!("the lock had already been lost when the invocation ended")
+            }
+            Ok(Err(e)) if marks => {
+                tracing::error!(error = %e, "the tick could not be marked done (a retry of it will run again), or the release failed (the row goes stale after one lease)");
+                self.metrics.count(Metric::TickMarkErrors);
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "release failed; the row goes stale after one lease");
@@ -346,41 +398,53 @@ pub fn host_id() -> String {
     )
 }
 
+impl Gate {
+    /// The invocation's tick, or the outcome that answers it without running: a tick that
+    /// cannot be found or checked fails it (`FlightlockTickError`), a stale one skips it
+    /// before any request.
+    fn tick(&self, event: &[u8], tenant: Option<&str>, key: &str) -> Result<Option<Tick>, Outcome> {
+        let tick = self.config.tick.tick(event, tenant).map_err(|e| {
+            tracing::error!(error = %e, "cannot find the tick; failing the invocation");
+            self.metrics.count(Metric::TickErrors);
+            failed(TICK_ERROR_TYPE, &format!("{TICK}: {e}"))
+        })?;
+        let (Some(tick), Some(bound)) = (&tick, self.config.stale_after) else {
+            return Ok(tick);
+        };
+        match tick {
+            Tick::At(at) => {
+                let age = age(*at, SystemTime::now());
+                if age > bound {
+                    tracing::info!(%tick, age_ms = age.as_millis() as u64, "tick older than {STALE_AFTER}: invocation skipped");
+                    self.metrics.count(Metric::StaleTicks);
+                    let text = tick.to_string();
+                    return Err(Outcome::Skipped(skipped_body(
+                        SkipReason::Stale,
+                        key,
+                        Some(&text),
+                        None,
+                    )));
+                }
+                Ok(Some(tick.clone()))
+            }
+            Tick::Id(id) => {
+                let message = format!(
+                    "{STALE_AFTER} is set, but the tick {id:?} (from {TICK}={}) is an id, not a \
+                     time: an id has no age. Make {TICK} render an RFC 3339 time, or set \
+                     {STALE_AFTER}=off",
+                    self.config.tick
+                );
+                tracing::error!(%message, "cannot check the tick's age; failing the invocation");
+                self.metrics.count(Metric::TickErrors);
+                Err(failed(TICK_ERROR_TYPE, &message))
+            }
+        }
+    }
+}
+
 fn failed(error_type: &'static str, message: &str) -> Outcome {
     Outcome::Failed {
         error_type,
         message: message.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decisions_end_before_the_deadline() {
-        let s = Duration::from_secs;
-        let ms = Duration::from_millis;
-        // A 3 s function with the default 1 s margin: 2.5 s, leaving 0.5 s to answer.
-        assert_eq!(decision_budget(s(3), s(1)), ms(2500));
-        // The lock's own wait (deadline - margin) ends before the budget: busy stays busy.
-        assert!(decision_budget(s(900), s(1)) > s(899));
-        // Less than a margin left: half of it, never zero while time is left.
-        assert_eq!(decision_budget(ms(600), s(1)), ms(300));
-        assert_eq!(decision_budget(ms(0), s(1)), ms(0));
-        for left in [ms(1), ms(700), s(2), s(60)] {
-            assert!(decision_budget(left, s(1)) < left);
-        }
-    }
-
-    #[test]
-    fn releases_are_bounded() {
-        assert_eq!(release_budget(None), RELEASE_MAX);
-        assert_eq!(release_budget(Some(Duration::ZERO)), RELEASE_MIN);
-        assert_eq!(
-            release_budget(Some(Duration::from_secs(1))),
-            Duration::from_secs(1)
-        );
-        assert_eq!(release_budget(Some(Duration::from_secs(600))), RELEASE_MAX);
     }
 }

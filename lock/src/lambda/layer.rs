@@ -2,7 +2,10 @@
 //! a `lambda_runtime` handler with the extension's semantics — acquire before the handler runs
 //! (within `min(wait, deadline - margin)`), heartbeat while it runs (never past the deadline plus
 //! [`LEASE_CAP_GRACE`](crate::lambda::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
-//! key skip (`{"flightlock":{"skipped":true,...}}`) or fail with `FlightlockBusy`. It reads the
+//! key skip (`{"flightlock":{"skipped":true,...}}`) or fail with `FlightlockBusy`. Once per tick:
+//! a handler that returns `Ok` marks the invocation's tick done, one that returns `Err` (or
+//! panics, or is stopped at the deadline) does not, so retries run it again; a duplicate of a
+//! done tick is answered with the skip body, reason `duplicate`. It reads the
 //! same `FLIGHTLOCK_*` variables as the extension ([`crate::lambda::config`]) and decides through the
 //! same [`Gate`] (same deadline bounds, logs and EMF metrics); `FLIGHTLOCK_PROXY_PORT`,
 //! `FLIGHTLOCK_UPSTREAM` and `FLIGHTLOCK_WRAPPER_CHECK` concern the extension only.
@@ -56,7 +59,7 @@ use tracing::Instrument;
 
 use crate::lambda::body::KEY_ERROR_TYPE;
 use crate::lambda::config::{Config, ConfigError};
-use crate::lambda::gate::{host_id, Gate, Outcome, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use crate::lambda::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::Locker;
 
 /// What the wrapped handler answers: its own response, or the skip body.
@@ -193,8 +196,8 @@ where
         Box::pin(
             async move {
                 let gate = &layer.gate();
-                // Only a template that reads the event needs its bytes.
-                let bytes = if gate.config().key.reads_event() {
+                // Only a key template or a tick source that reads the event needs its bytes.
+                let bytes = if gate.config().key.reads_event() || gate.config().tick.reads_event() {
                     serde_json::to_vec(&event.payload)
                         .map_err(|e| diagnostic(KEY_ERROR_TYPE, e.to_string()))?
                 } else {
@@ -212,7 +215,12 @@ where
                     Outcome::Acquired(held) => {
                         let result: Result<R, Diagnostic> =
                             inner.call(event).await.map_err(Into::into);
-                        gate.release(held).await;
+                        // Only a handler that answered `Ok` marks the invocation's tick done.
+                        let run = match result {
+                            Ok(_) => Run::Succeeded,
+                            Err(_) => Run::Failed,
+                        };
+                        gate.release(held, run).await;
                         result.map(Gated::Ran)
                     }
                     Outcome::Skipped(body) => Ok(Gated::Skipped(body)),
@@ -230,13 +238,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lambda::body::skipped_body;
+    use crate::lambda::body::{skipped_body, SkipReason};
 
     #[test]
     fn gated_serializes_transparently() {
         let ran: Gated<serde_json::Value> = Gated::Ran(serde_json::json!({"a": 1}));
         assert_eq!(serde_json::to_string(&ran).unwrap(), r#"{"a":1}"#);
-        let skipped: Gated<()> = Gated::Skipped(skipped_body("k", None));
+        let skipped: Gated<()> = Gated::Skipped(skipped_body(SkipReason::Busy, "k", None, None));
         assert_eq!(
             serde_json::to_value(&skipped).unwrap()["flightlock"]["skipped"],
             true

@@ -32,6 +32,20 @@ pub enum Metric {
     KeyErrors,
     /// The lock could not be taken for another reason, e.g. DynamoDB unreachable (Count).
     LockErrors,
+    /// An invocation was answered without running: its tick already ran successfully
+    /// (Count; skip reason `duplicate`).
+    Duplicates,
+    /// An invocation was answered without running: its tick is older than
+    /// `FLIGHTLOCK_STALE_AFTER` (Count; skip reason `stale`).
+    StaleTicks,
+    /// A waiting invocation was answered without running: a newer tick replaced it
+    /// (`FLIGHTLOCK_COALESCE`; Count; skip reason `superseded`).
+    Superseded,
+    /// The invocation's tick could not be found or checked (Count; `FlightlockTickError`).
+    TickErrors,
+    /// A run succeeded but its tick could not be marked done: a retry of it will run again
+    /// (Count).
+    TickMarkErrors,
     /// An event from the Runtime API could not be gated (no usable request id, unreadable
     /// body) and was failed, never passed on ungated (Count; extension only).
     EventErrors,
@@ -52,6 +66,11 @@ impl Metric {
             Metric::KeyErrors => "KeyErrors",
             Metric::LockErrors => "LockErrors",
             Metric::EventErrors => "EventErrors",
+            Metric::Duplicates => "Duplicates",
+            Metric::StaleTicks => "StaleTicks",
+            Metric::Superseded => "Superseded",
+            Metric::TickErrors => "TickErrors",
+            Metric::TickMarkErrors => "TickMarkErrors",
         }
     }
 

@@ -5,8 +5,10 @@
 //! - [`key`]: the key templates ([`key::KeyTemplate`]): a lock key rendered from the event and
 //!   the tenant id.
 //! - [`body`]: the error types and the error / skip bodies an invocation is answered with.
-//! - [`gate`]: one decision per invocation (key, lock, skip or error, release) within the
-//!   invocation's deadline.
+//! - [`tick`]: the invocation's tick (`FLIGHTLOCK_TICK`: an EventBridge scheduled event's
+//!   `time` by default, or a template), and the stale bound (`FLIGHTLOCK_STALE_AFTER`).
+//! - [`gate`]: one decision per invocation (key, tick, lock, skip or error, release marking the
+//!   tick done or not) within the invocation's deadline.
 //! - [`metrics`]: the EMF lines the gate and the extension print.
 //! - `FlightlockLayer` (cargo feature `lambda`): the tower layer around a `lambda_runtime`
 //!   handler. Everything else builds without the feature: the extension uses it without
@@ -19,6 +21,7 @@ pub mod key;
 #[cfg(feature = "lambda")]
 mod layer;
 pub mod metrics;
+pub mod tick;
 
 #[cfg(feature = "lambda")]
 pub use layer::*;

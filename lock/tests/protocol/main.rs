@@ -13,6 +13,7 @@ mod failfast;
 mod faults;
 mod fifo;
 mod lost;
+mod once;
 mod skew;
 mod ticks;
 mod usage;

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! flightlock create-table --table T
-//! flightlock run --table T --key K [--wait 0|DURATION|forever] [--lease D] -- CMD [ARGS...]
+//! flightlock run --table T --key K [--wait 0|DURATION|forever] [--lease D] [--once ID] -- CMD [ARGS...]
 //! flightlock status --table T --key K [--json]
 //! flightlock sweep --table T [--grace DURATION] [--dry-run] [--json]
 //! ```

@@ -1,4 +1,9 @@
 //! `flightlock run`: acquire, run a command under the lock, release.
+//!
+//! With `--once ID` the run is for one tick (e.g. the minute of a cron tick,
+//! `--once "$(date -u +%Y-%m-%dT%H:%MZ)"`): a command that exits 0 marks the tick done and a
+//! later `run --once ID` of the same key (another host's copy of the cron entry, a retry) exits
+//! 0 without running, saying so in one stderr line. A command that fails marks nothing.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,13 +11,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use flightlock::{EntryState, LockOptions, Locker, ReleaseOutcome};
+use flightlock::{EntryState, Error, LockOptions, Locker, ReleaseOutcome, Tick};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::{explained, Conn, LockArgs, EXIT_BUSY, EXIT_CANNOT_RUN, EXIT_LOST, EXIT_NOT_FOUND};
+use crate::{
+    explained, Conn, LockArgs, EXIT_BUSY, EXIT_CANNOT_RUN, EXIT_LOST, EXIT_NOT_FOUND, EXIT_USAGE,
+};
 
 /// How often a waiting `run` says on stderr what it waits for, so a waiting terminal is never
 /// silent (the first line comes after one period: a quick acquisition prints nothing).
@@ -34,15 +41,69 @@ pub struct RunArgs {
     /// If the lock is lost while CMD runs, send CMD SIGTERM (then SIGKILL after 10 s).
     #[arg(long)]
     kill_on_lost: bool,
+    /// Run at most once successfully for this tick: an RFC 3339 time (2026-11-24T10:00Z; the
+    /// seconds and the zone are optional, UTC if none) is ordered and free, anything else is
+    /// an id kept for --once-keep. A tick already done exits 0 without running CMD; CMD's
+    /// failure does not mark it.
+    #[arg(long, value_name = "ID", allow_hyphen_values = true, value_parser = parse_tick)]
+    once: Option<String>,
+    /// How long the record of a done id tick is kept (ids only; times need none).
+    #[arg(long, value_name = "DURATION", default_value = "30h", requires = "once",
+          allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
+    once_keep: Duration,
+    /// With --once TIME: a tick older than this (by this host's clock) is not run (exit 0, one
+    /// stderr line). Default: no bound.
+    #[arg(long, value_name = "DURATION", requires = "once", allow_hyphen_values = true,
+          value_parser = parse_stale_after)]
+    stale_after: Option<StaleAfter>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
+/// `--once`: a time or an id ([`Tick::parse`] tells them apart) that [`Tick::validate`]
+/// accepts; kept as typed, for the messages.
+fn parse_tick(s: &str) -> Result<String, String> {
+    Tick::parse(s).validate()?;
+    Ok(s.to_owned())
+}
+
+/// `--stale-after`: `off` or a bound, as `FLIGHTLOCK_STALE_AFTER` in Lambda.
+#[derive(Debug, Clone, Copy)]
+struct StaleAfter(Option<Duration>);
+
+fn parse_stale_after(s: &str) -> Result<StaleAfter, String> {
+    flightlock::lambda::tick::parse_stale_after(s).map(StaleAfter)
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let opts = args.lock.options();
+    let tick = args.once.as_deref().map(Tick::parse);
+    let opts = LockOptions {
+        tick: tick.clone(),
+        tick_keep: args.once_keep,
+        ..args.lock.options()
+    };
     // Values out of range are usage errors: reported before any request.
     opts.validate()?;
+    let once = args.once.as_deref().unwrap_or_default();
+    if let (Some(tick), Some(StaleAfter(Some(bound)))) = (&tick, args.stale_after) {
+        let Tick::At(at) = tick else {
+            eprintln!(
+                "flightlock: --stale-after needs --once to be a time (RFC 3339), not the id \
+                 {once:?}: an id has no age"
+            );
+            return Ok(ExitCode::from(EXIT_USAGE));
+        };
+        let age = flightlock::lambda::tick::age(*at, std::time::SystemTime::now());
+        if age > bound {
+            eprintln!(
+                "flightlock: tick {once} is stale ({}s old, --stale-after {}): not run",
+                age.as_secs(),
+                humantime::format_duration(bound)
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     let (client, answered) = args.conn.watched_client().await;
     let locker = Locker::new(client, &args.conn.table);
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -60,6 +121,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Err(e) if e.is_busy() => {
             eprintln!("flightlock: {e}");
             return Ok(ExitCode::from(EXIT_BUSY));
+        }
+        Err(Error::TickDone { .. }) => {
+            // One line, the tick as given, exit status 0: the tick has run, just not here.
+            eprintln!("flightlock: already ran for tick {once}");
+            return Ok(ExitCode::SUCCESS);
         }
         Err(e) => return Err(explained(&locker, e).await),
     };
@@ -121,7 +187,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
 
-    let outcome = guard.release().await;
+    // Only a command that exited 0 marks the tick done: a failure leaves it to a retry.
+    let outcome = if status.success() {
+        guard.release_done().await
+    } else {
+        guard.release().await
+    };
     let lost = lost_seen || matches!(outcome, Ok(ReleaseOutcome::Lost));
     if let Err(e) = &outcome {
         eprintln!("flightlock: release failed: {e}; the lock will be passed over after its lease");

@@ -2,7 +2,7 @@
 //! service against DynamoDB Local: both busy policies, per-key templates, events without the
 //! key's field, a failing handler, and queued invocations running in arrival order. The e2e
 //! suite runs the same layer inside the Lambda emulator for the skip policy only; these tests
-//! cover the rest without an emulator.
+//! cover the rest without an emulator. Once per tick: [`ticks`].
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -19,6 +19,8 @@ use lambda_runtime::tower::{ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
+
+mod ticks;
 
 /// What the handler saw: how many ran, how many ran at once, and the order of the events.
 struct Probe {
