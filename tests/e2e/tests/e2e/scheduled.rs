@@ -271,6 +271,54 @@ async fn a_failed_or_crashed_run_does_not_mark_its_tick_so_the_retry_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_run_does_not_mark_its_tick_so_the_retry_runs() {
+    let fresh = fresh_table("e2e_tick_timeout").await;
+    let record = record_file("tick_timeout");
+    let recipe = Spec::layered(FUNCTION, Runtime::Python).with("FLIGHTLOCK_WAIT", "0");
+    // The first environment's function times out after 6 s; its first delivery sleeps past it.
+    let short = Spec {
+        timeout_secs: 6,
+        ..recipe.clone()
+    };
+    let envs = start_all(
+        "timeout",
+        &[short, recipe],
+        &fresh.endpoint,
+        &fresh.table,
+        &record,
+    )
+    .await;
+    let locker = Locker::new(fresh.client.clone(), &fresh.table);
+    let marker = record_file("tick_timeout_first");
+    let tick = scheduled(
+        1,
+        &minute(-5),
+        json!({"firstMode": "timeout", "firstMarker": marker}),
+    );
+
+    let timed_out = envs[0].invoke(tick.clone()).await;
+    assert!(
+        String::from_utf8_lossy(&timed_out.body).contains("timed out"),
+        "{:?}",
+        timed_out.body
+    );
+    // Lambda resets the sandbox; the extension releases the lock without marking the tick.
+    wait_queue(
+        &locker,
+        "the timed-out run's lock was not released",
+        <[QueueEntry]>::is_empty,
+    )
+    .await;
+    let retry = envs[1].invoke(tick.clone()).await.json();
+    assert_eq!(retry["ok"], true, "{retry}\n{}", envs[1].log());
+    let dup = envs[0].invoke(tick.clone()).await.json();
+    assert_skipped(&dup, "duplicate", &tick, &envs[0]);
+    // Two starts of tick 1: the one that timed out (it never ended) and the retry.
+    assert_eq!(ran(&record), vec![1, 1], "{:#?}", runs(&record));
+    teardown(envs, &record, &[&marker]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_tick_is_dropped_without_touching_the_table() {
     let (fresh, record, envs) = setup("tick_stale", 2, &[("FLIGHTLOCK_STALE_AFTER", "10m")]).await;
 
