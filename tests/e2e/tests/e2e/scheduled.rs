@@ -2,137 +2,26 @@
 //! to environments of one function through the layer (extension + wrapper, Python under
 //! `awslambdaric`), on DynamoDB Local, with the README's scheduled-job recipe: the function name
 //! as the key, `FLIGHTLOCK_WAIT=0`, `skip`, and `FLIGHTLOCK_TICK` left at its default `auto`
-//! (the tick is the event's `time`). Runs are counted from what the handler itself records (the
+//! (the tick is the event's `time`); the last test takes the EventBridge Scheduler recipe
+//! (`FLIGHTLOCK_TICK={/tick}`) and an id tick instead. Runs are counted from what the handler itself records (the
 //! record file), never from the extension's answers. No assertion depends on timing: a run that
 //! must still be going is held by a file the test writes when it is done with it
 //! (`holdFile`), and a waiter is known to wait when the table shows its row.
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+mod support;
 
-use flightlock::{ClockSkew, Locker, QueueEntry};
-use flightlock_e2e::{
-    assert_no_overlap, record_file, runs, start_all, stop_all, Env, Runtime, Spec,
-};
-use flightlock_testkit::{fresh_table, FreshTable};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flightlock::{Locker, QueueEntry};
+use flightlock_e2e::{assert_no_overlap, record_file, runs, start_all, Env, Runtime, Spec};
+use flightlock_testkit::fresh_table;
 use serde_json::{json, Value};
 
-/// The function (and so the lock key: the recipe sets no `FLIGHTLOCK_KEY`).
-const FUNCTION: &str = "nightly";
-
-/// The minute `offset` minutes from now, as an EventBridge `time` (`2026-11-24T10:00:00Z`).
-fn minute(offset: i64) -> String {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let at = (now / 60 + offset) * 60;
-    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(at as u64);
-    humantime::format_rfc3339_seconds(at).to_string()
-}
-
-/// An EventBridge scheduled event as a rule delivers it; every delivery of one tick (duplicates,
-/// retries) carries the same `id` and `time`. `seq` and the fields of `control` are for the
-/// demo handler (what to record, how to behave); the layer reads only `source`, `detail-type`
-/// and `time`.
-fn scheduled(seq: i64, time: &str, control: Value) -> Value {
-    let mut event = json!({
-        "version": "0",
-        "id": format!("7bf73129-1428-4cd3-a780-95db273d{seq:04}"),
-        "detail-type": "Scheduled Event",
-        "source": "aws.events",
-        "account": "123456789012",
-        "time": time,
-        "region": "us-east-1",
-        "resources": ["arn:aws:events:us-east-1:123456789012:rule/nightly"],
-        "detail": {},
-        "seq": seq,
-    });
-    if let (Some(e), Some(c)) = (event.as_object_mut(), control.as_object()) {
-        e.extend(c.clone());
-    }
-    event
-}
-
-/// Panics unless `r` is the documented skip body with this `reason`, naming the tick of
-/// `event` (its `time`, as an instant: the body writes it in RFC 3339 UTC).
-fn assert_skipped(r: &Value, reason: &str, event: &Value, env: &Env) {
-    let f = &r["flightlock"];
-    assert_eq!(f["skipped"], true, "not skipped: {r}\n{}", env.log());
-    assert_eq!(f["reason"], reason, "{r}\n{}", env.log());
-    assert_eq!(f["key"], FUNCTION, "{r}");
-    let instant = |v: &Value| v.as_str().and_then(|t| humantime::parse_rfc3339(t).ok());
-    assert!(
-        instant(&f["tick"]).is_some() && instant(&f["tick"]) == instant(&event["time"]),
-        "the skip body names tick {} for an event of {}: {r}",
-        f["tick"],
-        event["time"]
-    );
-}
-
-/// Waits until the handler has recorded `n` starts (the runs are in the record file).
-async fn wait_runs(record: &Path, n: usize) {
-    let until = Instant::now() + Duration::from_secs(60);
-    while runs(record).len() < n {
-        assert!(
-            Instant::now() < until,
-            "the handler did not start {n} runs within 60 s: {:#?}",
-            runs(record)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits until the key's queue, as the table has it, satisfies `ok`; returns it.
-async fn wait_queue(
-    locker: &Locker,
-    what: &str,
-    ok: impl Fn(&[QueueEntry]) -> bool,
-) -> Vec<QueueEntry> {
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let q = locker
-            .queue(FUNCTION, ClockSkew::Bounded(Duration::from_secs(1)))
-            .await
-            .unwrap();
-        if ok(&q) {
-            return q;
-        }
-        assert!(Instant::now() < until, "{what} within 60 s; queue: {q:#?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A fresh table, a record file, and `n` environments of the function with the recipe's
-/// settings plus `extra`.
-async fn setup(
-    name: &str,
-    n: usize,
-    extra: &[(&str, &str)],
-) -> (FreshTable, std::path::PathBuf, Vec<Env>) {
-    let fresh = fresh_table(&format!("e2e_{name}")).await;
-    let record = record_file(name);
-    let mut spec = Spec::layered(FUNCTION, Runtime::Python).with("FLIGHTLOCK_WAIT", "0");
-    for (k, v) in extra {
-        spec = spec.with(k, v);
-    }
-    let specs = vec![spec; n];
-    let envs = start_all(name, &specs, &fresh.endpoint, &fresh.table, &record).await;
-    (fresh, record, envs)
-}
-
-/// The seqs of the recorded runs, in start order.
-fn ran(record: &Path) -> Vec<i64> {
-    runs(record).iter().map(|r| r.seq.unwrap()).collect()
-}
-
-async fn teardown(envs: Vec<Env>, record: &Path, files: &[&Path]) {
-    stop_all(envs).await;
-    for f in files.iter().copied().chain([record]) {
-        let _ = std::fs::remove_file(f);
-    }
-}
+use support::{
+    assert_skipped, assert_skipped_tick, minute, ran, scheduled, setup, teardown, wait_queue,
+    wait_runs, FUNCTION,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_after_the_run_finished_is_answered_duplicate_and_never_runs() {
@@ -457,5 +346,42 @@ async fn the_in_process_layer_runs_a_tick_once_and_a_failed_run_is_retried() {
         assert_skipped(&dup, "duplicate", &tick, env);
     }
     assert_eq!(ran(&record), vec![1, 1], "{:#?}", runs(&record));
+    teardown(envs, &record, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_recipe_runs_a_scheduled_time_once_and_id_ticks_too() {
+    // EventBridge Scheduler: the input carries the context attributes, `FLIGHTLOCK_TICK={/tick}`
+    // points at the scheduled time. A retry is modelled with another execution id and attempt
+    // number: the tick is the scheduled time alone.
+    let (_fresh, record, envs) =
+        setup("tick_scheduler", 2, &[("FLIGHTLOCK_TICK", "{/tick}")]).await;
+    let time = minute(-5);
+    let input = |seq: i64, execution: &str, attempt: i64| json!({"tick": time, "execution": execution, "attempt": attempt, "seq": seq});
+    let first = envs[0].invoke(input(1, "d32c5kddcf5bb8c3", 1)).await.json();
+    assert_eq!(first["ok"], true, "{first}\n{}", envs[0].log());
+    let again = envs[1].invoke(input(1, "a81f0c7e2b9d4e65", 2)).await.json();
+    assert_skipped_tick(&again, "duplicate", &time, &envs[1]);
+    assert_eq!(ran(&record), vec![1], "{:#?}", runs(&record));
+    teardown(envs, &record, &[]).await;
+
+    // A tick that is not a time is an id (a batch id): once per id as well.
+    let (_fresh, record, envs) = setup(
+        "tick_id",
+        2,
+        &[("FLIGHTLOCK_TICK", "batch-{/detail/batchId}")],
+    )
+    .await;
+    let batch = |id: &str, seq: i64| json!({"detail": {"batchId": id}, "seq": seq});
+    let first = envs[0].invoke(batch("7f3a", 1)).await.json();
+    assert_eq!(first["ok"], true, "{first}\n{}", envs[0].log());
+    let again = envs[1].invoke(batch("7f3a", 1)).await.json();
+    assert_skipped_tick(&again, "duplicate", "batch-7f3a", &envs[1]);
+    let other = envs[1].invoke(batch("7f3b", 2)).await.json();
+    assert_eq!(other["ok"], true, "{other}\n{}", envs[1].log());
+    // A field the event lacks: a typed error, and the handler does not run.
+    let missing = envs[0].invoke(json!({"seq": 3})).await.json();
+    assert_eq!(missing["errorType"], "FlightlockTickError", "{missing}");
+    assert_eq!(ran(&record), vec![1, 2], "{:#?}", runs(&record));
     teardown(envs, &record, &[]).await;
 }
