@@ -173,7 +173,7 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         }),
     );
     tokio::spawn(proxy.clone().serve(listener));
-    tracing::info!(%addr, key = %config.key, table = %config.table, mode = mode.name(), "flightlock proxy listening");
+    tracing::info!(%addr, key = %config.key, tick = %config.tick, table = %config.table, mode = mode.name(), "flightlock proxy listening");
 
     // 4. Register (INVOKE and SHUTDOWN; SHUTDOWN only on Managed Instances, which refuses
     // INVOKE) and run until SHUTDOWN. A refusal is an init error naming the cause and the fix.

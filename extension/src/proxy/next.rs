@@ -132,6 +132,7 @@ impl Proxy {
                 "invocation",
                 request_id = %id,
                 key = field::Empty,
+                tick = field::Empty,
                 ticket = field::Empty,
                 waited_ms = field::Empty
             );

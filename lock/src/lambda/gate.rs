@@ -151,8 +151,8 @@ impl Gate {
     }
 
     /// Decides invocation `request_id` with raw `event` bytes, its `deadline` and its `tenant`
-    /// id (tenant isolation mode; `None` otherwise). Records `key`, `ticket` and `waited_ms` on
-    /// the current span (the adapter's `invocation` span).
+    /// id (tenant isolation mode; `None` otherwise). Records `key`, `tick`, `ticket` and
+    /// `waited_ms` on the current span (the adapter's `invocation` span).
     pub async fn decide(
         &self,
         request_id: &str,
@@ -175,6 +175,9 @@ impl Gate {
             Err(outcome) => return outcome,
         };
         let tick_text = tick.as_ref().map(Tick::to_string);
+        if let Some(t) = &tick_text {
+            span.record("tick", t.as_str());
+        }
         let holder = HolderInfo {
             function: self.config.function_name.clone(),
             request_id: Some(request_id.to_owned()),

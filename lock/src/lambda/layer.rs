@@ -190,6 +190,7 @@ where
             "invocation",
             request_id = %event.context.request_id,
             key = tracing::field::Empty,
+            tick = tracing::field::Empty,
             ticket = tracing::field::Empty,
             waited_ms = tracing::field::Empty
         );

@@ -32,11 +32,7 @@ impl Attempt<'_> {
     /// done (at or below the watermark), or (coalescing) a newer tick is queued already.
     pub(super) fn counter_answer(&self, counter: Option<&Counter>) -> Option<Error> {
         let (tick, c) = (self.ordered_tick()?, counter?);
-        #[cfg(test)]
-        let ignore = crate::sim::mutant::on(crate::sim::mutant::Mutant::AcquireIgnoresWatermark);
-        #[cfg(not(test))]
-        let ignore = false;
-        if c.done(tick) && !ignore {
+        if c.done(tick) {
             return Some(self.tick_done(format_ms(c.tick_done.unwrap_or(tick))));
         }
         match c.tick_newest {
@@ -53,6 +49,10 @@ impl Attempt<'_> {
     /// is done (the run ahead of us succeeded), or (coalescing) a newer tick is queued behind us
     /// — without an ordered tick, any later ticket (arrival order).
     pub(super) fn waiter_answer(&self, counter: &Counter, ticket: u64) -> Option<Error> {
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::WaiterIgnoresWatermark) {
+            return None;
+        }
         if let Some(e) = self.counter_answer(Some(counter)) {
             return Some(e);
         }

@@ -16,7 +16,7 @@ use super::net::{Endpoint, SimClock};
 use super::scenario::{ms, KeyPlan, WorkerPlan, EPOCH_MS};
 use crate::options::Wait;
 use crate::schema::{self, Snapshot};
-use crate::{Error, Locker, ReleaseOutcome};
+use crate::{Error, Locker, ReleaseOutcome, Tick};
 
 /// A participant: runs its cycles; after a crash, half the time a new process takes over the
 /// remaining cycles a little later (a restarted container, the next Lambda sandbox), with
@@ -79,6 +79,9 @@ async fn process(
     // Hold lengths beyond the first draw come from a generator of their own, so the schedules
     // of the main generator (and the named ones) keep their shape.
     let mut holds = StdRng::seed_from_u64(plan.seed ^ 0x401d);
+    // Ticks come from a generator of their own too: a few shared ticks, so participants
+    // deliver duplicates of each other's.
+    let mut ticks = StdRng::seed_from_u64(plan.seed ^ 0x71c4);
     for cycle in first..plan.cycles {
         tokio::time::sleep(ms(&mut rng, 0, crate::clock::millis(lease) as u64)).await;
         if key.opts.clock_free() && rng.random_bool(0.2) {
@@ -93,11 +96,13 @@ async fn process(
             3..=5 => Wait::For(ms(&mut rng, 1, 3 * crate::clock::millis(lease) as u64)),
             _ => Wait::Forever,
         };
+        opts.tick = pick_tick(&mut ticks);
+        let tick = opts.tick.clone();
         let faults_at_start = ctx.faults_on.load(Ordering::SeqCst);
         let started = Instant::now();
         ctx.note(format!(
-            "{who} cycle {cycle}: acquire {} wait {:?}",
-            key.name, opts.wait
+            "{who} cycle {cycle}: acquire {} wait {:?} tick {:?}",
+            key.name, opts.wait, opts.tick
         ));
         let fate = rng.random_range(0..100);
         let acquired = if fate < 8 {
@@ -172,6 +177,11 @@ async fn process(
                 }
                 continue;
             }
+            Err(e @ (Error::TickDone { .. } | Error::Superseded { .. })) => {
+                ctx.note(format!("{who} answered after {elapsed:?}: {e}"));
+                ctx.with(|m| m.applied("tick done or superseded, not run"));
+                continue;
+            }
             Err(e) => {
                 ctx.note(format!("{who} error after {elapsed:?}: {e}"));
                 if !faults_at_start {
@@ -187,6 +197,9 @@ async fn process(
         ));
         let wiped = ctx.wiped(&key.name);
         ctx.with(|m| m.grant(&who, key, token, guard.owner(), guard.lost_signal(), wiped));
+        if let Some(t) = &tick {
+            ctx.with(|m| m.run_tick(&who, &key.name, t));
+        }
         let by_hand = ctx
             .with(|m| m.deleted_by_hand.contains(guard.owner()))
             .unwrap_or(false);
@@ -204,9 +217,16 @@ async fn process(
             tokio::time::sleep(lease / 5).await;
             ctx.with(|m| m.work(&who, &key.name));
         }
+        // Whether the run succeeded (a tick is marked only then), decided by the tick generator.
+        let succeeded = ticks.random_bool(0.7);
         match rng.random_range(0..10) {
             0 => {
                 dead.store(true, Ordering::SeqCst);
+                if let (Some(t), true) = (&tick, succeeded) {
+                    // The crash window: the run succeeded, its mark never sent.
+                    ctx.with(|m| m.succeeded(&key.name, t));
+                    ctx.note(format!("{who} succeeded, then crashes before marking"));
+                }
                 ctx.note(format!("{who} crashes holding {} token {token}", key.name));
                 ctx.with(|m| {
                     m.upset(&key.name);
@@ -226,8 +246,25 @@ async fn process(
             _ => {
                 note_hold(ctx, &who, &guard, held_from, lease);
                 ctx.with(|m| m.leave(&who));
-                let outcome = guard.release().await;
-                ctx.note(format!("{who} released token {token}: {outcome:?}"));
+                let outcome = match (&tick, succeeded) {
+                    (Some(t), true) => {
+                        ctx.with(|m| m.succeeded(&key.name, t));
+                        let outcome = guard.release_done().await;
+                        if let Ok(ReleaseOutcome::Released) = outcome {
+                            ctx.with(|m| m.marked(&key.name, t));
+                        }
+                        outcome
+                    }
+                    _ => guard.release().await,
+                };
+                ctx.note(format!(
+                    "{who} released token {token}{}: {outcome:?}",
+                    if tick.is_some() && succeeded {
+                        " marking its tick"
+                    } else {
+                        ""
+                    }
+                ));
                 if let (Ok(ReleaseOutcome::Lost), false) =
                     (&outcome, ctx.faults_on.load(Ordering::SeqCst))
                 {
@@ -238,6 +275,16 @@ async fn process(
     }
     locker.flush().await;
     None
+}
+
+/// A cycle's tick: none (two cycles in five), one of four shared ordered ticks, or one of two
+/// shared ids.
+fn pick_tick(rng: &mut StdRng) -> Option<Tick> {
+    match rng.random_range(0..10) {
+        0..=3 => None,
+        4..=8 => Some(Tick::At(EPOCH_MS + 60_000 * rng.random_range(1..=4))),
+        _ => Some(Tick::Id(format!("batch-{}", rng.random_range(1..=2)))),
+    }
 }
 
 pub(super) async fn sweeper(

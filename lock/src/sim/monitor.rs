@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::model::ticks::label;
 use super::model::Removal;
 use super::net::Net;
 use super::scenario::KeyPlan;
 use crate::options::{LockOptions, Wait};
 use crate::schema::{QueueRow, Snapshot};
-use crate::LostSignal;
+use crate::{LostSignal, Tick};
 
 pub(super) struct Holder {
     pub(super) who: String,
@@ -50,6 +51,12 @@ pub(super) struct Monitor {
     pub(super) upset_at: BTreeMap<String, Instant>,
     /// How often each availability check applied.
     pub(super) checked: BTreeMap<&'static str, u64>,
+    /// Once per tick: the first success of each (key, tick label).
+    pub(super) successes: BTreeMap<(String, String), Instant>,
+    /// The newest ordered tick whose `release_done` returned `Released`, per key.
+    pub(super) done_at: BTreeMap<String, i64>,
+    /// The tick ids whose `release_done` returned `Released`, per key.
+    pub(super) done_ids: BTreeSet<(String, String)>,
     pub(super) grants: u64,
     pub(super) busy: u64,
     pub(super) crashes: u64,
@@ -140,6 +147,54 @@ impl Monitor {
                 "mutual exclusion: {who} works on {key} while {} also believes it holds it",
                 others.join(", ")
             ));
+        }
+    }
+
+    /// Once per tick: `who` runs `tick` on `key`. It must not be at or below an ordered tick
+    /// marked done (a duplicate, or an older tick after a newer success), nor an id marked done.
+    /// An operator who touched the key may have deleted its counter, and the watermark with it
+    /// (documented): not checked there.
+    pub(super) fn run_tick(&mut self, who: &str, key: &str, tick: &Tick) {
+        if self.operator_at.contains_key(key) {
+            return;
+        }
+        self.applied("tick run, once-per-tick checked");
+        let done = match tick {
+            Tick::At(t) => self
+                .done_at
+                .get(key)
+                .filter(|d| *d >= t)
+                .map(|d| d.to_string()),
+            Tick::Id(id) => self
+                .done_ids
+                .contains(&(key.to_owned(), id.clone()))
+                .then(|| id.clone()),
+        };
+        if let Some(done) = done {
+            self.violations.push(format!(
+                "once per tick: {who} runs {key} for tick {} after tick {done} was marked done",
+                label(tick)
+            ));
+        }
+    }
+
+    /// `tick`'s run on `key` succeeded (before its mark is sent).
+    pub(super) fn succeeded(&mut self, key: &str, tick: &Tick) {
+        self.successes
+            .entry((key.to_owned(), label(tick)))
+            .or_insert_with(Instant::now);
+    }
+
+    /// `release_done` of `tick` on `key` returned `Released`: its mark has landed.
+    pub(super) fn marked(&mut self, key: &str, tick: &Tick) {
+        match tick {
+            Tick::At(t) => {
+                let d = self.done_at.entry(key.to_owned()).or_insert(*t);
+                *d = (*d).max(*t);
+            }
+            Tick::Id(id) => {
+                self.done_ids.insert((key.to_owned(), id.clone()));
+            }
         }
     }
 
@@ -302,6 +357,23 @@ pub(super) fn check_removals(ctx: &Ctx, removals: Vec<Removal>) {
                 "early removal: {} t{} removed by {:?} {age:?} after its version was sent \
                  (lease {:?}): its owner may still believe in it",
                 r.key, r.ticket, r.by, r.lease
+            ));
+        }
+    }
+}
+
+/// Once per tick: every tick the table marked done (the model logs each mark) had a success
+/// recorded before the mark.
+pub(super) fn check_marks(ctx: &Ctx, marks: Vec<(String, String, Instant)>) {
+    let successes = ctx.with(|m| m.successes.clone()).unwrap_or_default();
+    for (key, tick, at) in marks {
+        ctx.with(|m| m.applied("tick mark, success checked"));
+        let before = successes
+            .get(&(key.clone(), tick.clone()))
+            .is_some_and(|s| *s <= at);
+        if !before {
+            ctx.violation(format!(
+                "once per tick: tick {tick} of {key} was marked done without a success"
             ));
         }
     }

@@ -46,9 +46,10 @@ pub(crate) enum Mutant {
     StoreVacateAnyOwner,
     /// `storage/dynamo.rs`: a stale row's `DeleteItem` loses its `rvn` condition.
     StoreStaleDeleteUnconditional,
-    /// `locker/ticks.rs`: an acquisition ignores the watermark it reads (the storage's conditions
-    /// still refuse a done tick's enqueue; a waiter's look no longer sees it).
-    AcquireIgnoresWatermark,
+    /// `locker/ticks.rs`: a waiter's look ignores the counter it reads (the watermark, and for
+    /// coalescing waiters, newer ticks queued behind): a duplicate that waited runs after the
+    /// first run succeeded.
+    WaiterIgnoresWatermark,
     /// `guard.rs`: `release` (the failed run's) marks the tick done too.
     ReleaseAlwaysMarks,
     /// `storage/dynamo.rs`: the enqueue's tick condition passes whatever the watermark.

@@ -126,3 +126,37 @@ fn a_sweeper_without_its_grace_removes_live_rows() {
         &["early removal"],
     );
 }
+
+#[test]
+fn a_waiter_that_ignores_the_watermark_runs_a_done_tick_again() {
+    caught_by(
+        "waiter ignores the watermark",
+        mutant(Mutant::WaiterIgnoresWatermark),
+        1000,
+        &["once per tick"],
+    );
+}
+
+#[test]
+fn a_release_that_marks_a_failed_run_is_caught() {
+    caught_by(
+        "release marks even on failure",
+        mutant(Mutant::ReleaseAlwaysMarks),
+        300,
+        &["once per tick"],
+    );
+}
+
+#[test]
+fn a_seat_take_that_ignores_the_watermark_runs_a_done_tick_again() {
+    let knobs = Knobs {
+        mutation: Some(Mutation::EnqueueIgnoresWatermark),
+        ..Knobs::default()
+    };
+    caught_by(
+        "enqueue ignores the watermark",
+        knobs,
+        1000,
+        &["once per tick"],
+    );
+}

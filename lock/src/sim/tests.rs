@@ -250,7 +250,7 @@ fn named_schedules_hold() {
          "a seat enqueue times out, the counter is deleted and recreated by the same process \
           exactly as read, and the timed-out attempt lands; a new request for the same ticket \
           meets it and must not believe its own, longer lease"),
-        (2123, Knobs::default(), "-> Revived",
+        (2210, Knobs::default(), "-> Revived",
          "a heartbeat lands between a waiter's judgement and its stale delete: the row lives"),
         (152, clock_free, "OPERATOR deletes row",
          "clock-free: a token replay answers Done for a row an operator deleted"),

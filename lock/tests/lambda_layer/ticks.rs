@@ -4,13 +4,16 @@
 //! ids; stale ticks dropped without a request; coalesced overruns; every bad tick a
 //! `FlightlockTickError` with nothing run.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use flightlock::lambda::body::TICK_ERROR_TYPE;
-use flightlock::lambda::Gated;
+use flightlock::lambda::config::Config;
+use flightlock::lambda::{FlightlockLayer, Gated};
 use flightlock::tick::format_ms;
+use flightlock::Locker;
 use serde_json::{json, Value};
 
 use crate::{call, gated, layer, until_queued, until_running, Probe};
@@ -236,6 +239,50 @@ async fn a_stale_tick_is_dropped_without_a_request() {
     .await
     .unwrap();
     assert!(matches!(fresh, Gated::Ran(_)), "{fresh:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stale_and_bad_ticks_are_answered_without_any_request() {
+    // A DynamoDB that refuses every connection: any request would fail the invocation with
+    // FlightlockLockError, so these answers prove that none was made.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = flightlock_testkit::client(&format!("http://127.0.0.1:{port}")).await;
+    let env = HashMap::from([
+        ("FLIGHTLOCK_TABLE".to_owned(), "locks".to_owned()),
+        ("AWS_LAMBDA_FUNCTION_NAME".to_owned(), "nightly".to_owned()),
+        ("FLIGHTLOCK_STALE_AFTER".to_owned(), "5m".to_owned()),
+        ("FLIGHTLOCK_METRICS".to_owned(), "off".to_owned()),
+    ]);
+    let config = Config::from_map(&env).unwrap();
+    let layer = FlightlockLayer::new(Locker::new(client, "locks"), config);
+    let probe = Arc::new(Probe::default());
+    let service = gated(&layer, &probe);
+    let stale = call(
+        service.clone(),
+        "r-1",
+        scheduled(&now_rfc3339(Duration::from_secs(600)), false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(skipped(&stale), "stale");
+    let bad = call(service.clone(), "r-2", scheduled("noon", false))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.error_type, TICK_ERROR_TYPE);
+    // A fresh tick does make requests, and this DynamoDB refuses them.
+    let fresh = call(
+        service.clone(),
+        "r-3",
+        scheduled(&now_rfc3339(Duration::ZERO), false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(fresh.error_type, flightlock::lambda::body::LOCK_ERROR_TYPE);
+    assert_eq!(probe.calls.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

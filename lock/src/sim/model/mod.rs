@@ -26,7 +26,7 @@
 
 mod reads;
 mod requests;
-mod ticks;
+pub(crate) mod ticks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -65,8 +65,6 @@ pub(crate) enum Mutation {
     SeatWithoutCounter,
     /// The enqueue's tick condition is dropped: a done tick takes the seat or queues again.
     EnqueueIgnoresWatermark,
-    /// A release that marks a tick moves the watermark backwards too.
-    MarkBackwards,
 }
 
 /// Who removed a queue row.
@@ -163,6 +161,9 @@ pub(crate) struct Table {
     /// Keys whose partition became empty (no counter, no row): nothing remembers their tokens,
     /// which may start again from 1. Cleared by the checker.
     pub wiped: std::collections::BTreeSet<String>,
+    /// Every tick marked done (key, [`ticks::label`], when): the checker looks for the success
+    /// behind each.
+    pub marks: Vec<(String, String, Instant)>,
 }
 
 fn num(item: &Item, name: &str) -> Option<i64> {
@@ -227,6 +228,7 @@ impl Table {
             gone: Vec::new(),
             outcomes: Outcomes::default(),
             wiped: std::collections::BTreeSet::new(),
+            marks: Vec::new(),
         }
     }
 

@@ -9,6 +9,15 @@ use super::{num, string, Mutation, Table};
 use crate::schema::{self, COUNTER_SK};
 use crate::storage::answers::seat_release_refused;
 use crate::storage::{EnqueueRequest, Item, Owned, Request, Response};
+use crate::tick::Tick;
+
+/// How the checker names a tick: an ordered tick by its epoch ms, an id as `id:` and the id.
+pub(crate) fn label(tick: &Tick) -> String {
+    match tick {
+        Tick::At(ms) => ms.to_string(),
+        Tick::Id(id) => format!("id:{id}"),
+    }
+}
 
 impl Table {
     /// The enqueue's tick conditions on the counter as stored: `ENQUEUE_TICK_CONDITION` (the
@@ -44,13 +53,18 @@ impl Table {
     }
 
     /// `MARK_CONDITION` of `storage/dynamo/ticks.rs`: the watermark is absent or not newer than
-    /// `tick` (under [`Mutation::MarkBackwards`], always).
+    /// `tick`.
     fn watermark_allows(&self, key: &str, tick: i64) -> bool {
-        self.mutation == Some(Mutation::MarkBackwards)
-            || self
-                .get(key, COUNTER_SK)
-                .and_then(|c| num(c, schema::TICK_DONE))
-                .is_none_or(|d| d <= tick)
+        self.get(key, COUNTER_SK)
+            .and_then(|c| num(c, schema::TICK_DONE))
+            .is_none_or(|d| d <= tick)
+    }
+
+    /// Marks the ordered tick `tick` done on `key`'s counter, and logs it for the checker.
+    fn mark(&mut self, key: &str, tick: i64, now: Instant) {
+        self.set_counter_attribute(key, schema::TICK_DONE, tick, now);
+        self.marks
+            .push((key.to_owned(), label(&Tick::At(tick)), now));
     }
 
     /// The seat's release that marks its tick: ours (owner and ticket) and the watermark not
@@ -71,7 +85,7 @@ impl Table {
         });
         if ours && self.watermark_allows(key, tick) {
             self.vacate(key, now, None);
-            self.set_counter_attribute(key, schema::TICK_DONE, tick, now);
+            self.mark(key, tick, now);
             return Owned::Yes;
         }
         seat_release_refused(counter.as_ref(), owner, ticket)
@@ -86,7 +100,7 @@ impl Table {
                     .is_some_and(|c| c.contains_key(schema::LAST));
                 let marked = exists && self.watermark_allows(key, *tick);
                 if marked {
-                    self.set_counter_attribute(key, schema::TICK_DONE, *tick, now);
+                    self.mark(key, *tick, now);
                 }
                 Response::Marked(marked)
             }
@@ -102,6 +116,8 @@ impl Table {
                     return Response::Recorded(false);
                 }
                 self.put(schema::tick_record(key, id, *expires_at), now);
+                self.marks
+                    .push((key.clone(), label(&Tick::Id(id.clone())), now));
                 Response::Recorded(true)
             }
             other => unreachable!("not a tick request: {other:?}"),
