@@ -38,6 +38,7 @@
 //! | `holder` | [`HolderInfo`]: who holds or waits, for people |
 //! | `table` | creating and checking the table |
 //! | `tick` | once per tick: [`Tick`], the watermark and the per-id record, the crash window |
+//! | `done` | marking a tick done at [`LockGuard::release_done`]; the id check once the key is held |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
 //! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`), `key` (key templates), `tick` (an invocation's tick: `FLIGHTLOCK_TICK`, stale ticks), `gate` (one decision per invocation: key, tick, acquire within the deadline, skip / error, release marking the tick done after a success), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
 //!
@@ -56,6 +57,10 @@
 //! 5. **Self-cleaning**: waiters delete dead rows ahead of them (conditionally on their `rvn`);
 //!    the sweeper and TTL remove the rest.
 //! 6. **Safe release**: the heartbeat stops first; a late heartbeat cannot bring a row back.
+//! 7. **Once per tick** (with [`LockOptions::tick`]): a tick whose run released with
+//!    [`LockGuard::release_done`] is never granted again ([`Error::TickDone`]); a run that
+//!    released with [`LockGuard::release`], crashed or lost its lock marks nothing. See [`tick`]
+//!    for the costs and the crash window.
 
 pub mod clock;
 mod done;

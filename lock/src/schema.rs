@@ -28,6 +28,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::Error;
 
+mod counter;
+
+pub use counter::{tick_record, tick_sk, Counter, TICK_DONE, TICK_NEWEST, TICK_PREFIX};
+
 /// Partition key attribute: the lock key.
 pub const PK: &str = "pk";
 /// Sort key attribute: [`COUNTER_SK`] or a queue row's `q#<ticket>`.
@@ -43,33 +47,6 @@ pub const LAST: &str = "last";
 /// pass for one nobody touched; and a counter whose `last` differs from the ticket in here was
 /// changed by hand, so its `last` is not trusted without a full read.
 pub const LAST_OWNER: &str = "lastOwner";
-
-/// Counter attribute: the newest ordered tick ([`crate::Tick::At`], epoch ms) whose run
-/// succeeded (N). A watermark: only ever moved forward, by a release that marks its tick done.
-/// Every seat take and enqueue with an ordered tick is conditioned on it being below the tick.
-pub const TICK_DONE: &str = "tickDone";
-/// Counter attribute: the newest ordered tick that enqueued (N), kept by every enqueue with an
-/// ordered tick as the highest of the stored value and its own. Coalescing waiters older than it
-/// withdraw.
-pub const TICK_NEWEST: &str = "tickNewest";
-/// Prefix of a done [`crate::Tick::Id`]'s record sort key. It sorts after every queue row
-/// (`"tick#" > "q#…"`), so the queue's reads (bounded by `"counter"` and the highest row) never
-/// read or page through records.
-pub const TICK_PREFIX: &str = "tick#";
-
-/// The sort key of the record of the done tick id `id`.
-pub fn tick_sk(id: &str) -> String {
-    format!("{TICK_PREFIX}{id}")
-}
-
-/// A done tick id's record: its keys and its TTL, nothing else.
-pub fn tick_record(key: &str, id: &str, expires_at: i64) -> HashMap<String, AttributeValue> {
-    HashMap::from([
-        (PK.to_owned(), s(key)),
-        (SK.to_owned(), s(&tick_sk(id))),
-        (EXPIRES_AT.to_owned(), n(expires_at)),
-    ])
-}
 
 /// The `lastOwner` value of a counter moved to `ticket` by `owner`.
 pub fn last_owner(owner: &str, ticket: u64) -> String {
@@ -296,59 +273,6 @@ pub fn n(v: impl std::fmt::Display) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-/// A key's counter as read: the last ticket issued, and who issued it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Counter {
-    /// `last`.
-    pub last: u64,
-    /// `lastOwner` (absent on counters written before it existed, or set by hand).
-    pub owner: Option<String>,
-    /// `tickDone`: the newest ordered tick that succeeded, epoch ms.
-    pub tick_done: Option<i64>,
-    /// `tickNewest`: the newest ordered tick that enqueued, epoch ms.
-    pub tick_newest: Option<i64>,
-}
-
-impl Counter {
-    /// A counter as the hint knows it: `last` and `lastOwner`, nothing about ticks.
-    pub fn moved(owner: &str, ticket: u64) -> Counter {
-        Counter {
-            last: ticket,
-            owner: Some(last_owner(owner, ticket)),
-            tick_done: None,
-            tick_newest: None,
-        }
-    }
-
-    /// Decodes a counter item, naming the field that is wrong.
-    pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Counter, Error> {
-        Ok(Counter {
-            last: get_u64(key, item, LAST)?,
-            owner: match item.get(LAST_OWNER) {
-                Some(AttributeValue::S(o)) => Some(o.clone()),
-                _ => None,
-            },
-            tick_done: get_num(key, item, TICK_DONE)?,
-            tick_newest: get_num(key, item, TICK_NEWEST)?,
-        })
-    }
-
-    /// Whether the ordered tick `tick` is done by this counter's watermark (at or below it).
-    pub fn done(&self, tick: i64) -> bool {
-        self.tick_done.is_some_and(|d| d >= tick)
-    }
-
-    /// Whether `last` is the ticket recorded in `lastOwner`: the counter was last moved by an
-    /// enqueue, not set by hand.
-    pub fn consistent(&self) -> bool {
-        self.owner
-            .as_deref()
-            .and_then(|o| o.rsplit_once(':'))
-            .and_then(|(_, t)| t.parse::<u64>().ok())
-            == Some(self.last)
-    }
-}
-
 /// What a key's partition holds: the counter and the queue in ticket order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -522,118 +446,4 @@ fn opt_i64(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(ticket: u64) -> HashMap<String, AttributeValue> {
-        NewRow {
-            key: "k",
-            ticket,
-            owner: "o1",
-            lease_until_ms: 1_700_000_010_500,
-            lease_ms: 10_000,
-            expires_at: ttl_seconds(1_700_000_010_500 + 3_600_000),
-            clock_free: false,
-            rvn: "r1",
-            now_ms: 1_700_000_000_500,
-            granted: false,
-            holder: &HolderInfo {
-                function: Some("f".into()),
-                request_id: None,
-                host: Some(String::new()),
-            },
-        }
-        .to_item()
-    }
-
-    #[test]
-    fn sort_keys_sort_by_ticket_and_after_counter() {
-        assert_eq!(queue_sk(42), "q#00000000000000000042");
-        assert!(queue_sk(9) < queue_sk(10));
-        assert!(queue_sk(u64::MAX) > queue_sk(u64::MAX - 1));
-        assert!(COUNTER_SK < queue_sk(0).as_str());
-    }
-
-    #[test]
-    fn seat_attributes_have_one_placeholder_each() {
-        let (names, remove) = seat_placeholders();
-        assert_eq!(names.len(), SEAT_ATTRIBUTES.len());
-        let attributes: std::collections::BTreeSet<&String> = names.values().collect();
-        assert_eq!(attributes.len(), SEAT_ATTRIBUTES.len(), "{names:?}");
-        for a in SEAT_ATTRIBUTES {
-            let p = seat_placeholder(a);
-            assert_eq!(names.get(&p).map(String::as_str), Some(a));
-            assert!(remove.contains(&p), "{remove}");
-        }
-        assert!(
-            !SEAT_ATTRIBUTES.contains(&EXPIRES_AT),
-            "TTL must never remove a counter"
-        );
-    }
-
-    #[test]
-    fn keys_are_validated_not_truncated() {
-        assert!(validate_key("a").is_ok());
-        assert!(validate_key(&"é".repeat(512)).is_ok()); // 1024 bytes
-        assert!(matches!(validate_key(""), Err(Error::InvalidKey { .. })));
-        let err = validate_key(&"é".repeat(513)).unwrap_err().to_string();
-        assert!(err.contains("1026 bytes"), "{err}");
-    }
-
-    #[test]
-    fn ttl_is_whole_seconds_rounded_up() {
-        assert_eq!(ttl_seconds(1_000), 1);
-        assert_eq!(ttl_seconds(1_001), 2);
-        assert_eq!(ttl_seconds(0), 0);
-    }
-
-    #[test]
-    fn row_round_trips_and_skips_empty_details() {
-        let item = row(7);
-        assert!(!item.contains_key(HOST));
-        assert!(!item.contains_key(ACQUIRED_AT_MS));
-        assert_eq!(item[EXPIRES_AT], n(1_700_003_611_i64));
-        let decoded = QueueRow::from_item("k", &item).unwrap();
-        assert_eq!(decoded.ticket, 7);
-        assert_eq!(decoded.owner, "o1");
-        assert_eq!(decoded.lease_ms, 10_000);
-        assert_eq!(decoded.holder.function.as_deref(), Some("f"));
-    }
-
-    #[test]
-    fn millisecond_ttl_is_rejected_by_name() {
-        let mut item = row(1);
-        item.insert(EXPIRES_AT.into(), n(1_700_003_610_500_i64));
-        let err = QueueRow::from_item("k", &item).unwrap_err().to_string();
-        assert!(
-            err.contains("expiresAt") && err.contains("milliseconds"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn wrong_types_name_the_field() {
-        let mut item = row(1);
-        item.insert(LEASE_UNTIL_MS.into(), s("soon"));
-        let err = QueueRow::from_item("k", &item).unwrap_err().to_string();
-        assert!(err.contains("leaseUntilMs"), "{err}");
-        let mut item = row(1);
-        item.insert(SK.into(), s(&queue_sk(2)));
-        assert!(QueueRow::from_item("k", &item).is_err());
-    }
-
-    #[test]
-    fn snapshot_orders_rows_and_reads_counter() {
-        let mut counter = HashMap::new();
-        counter.insert(PK.into(), s("k"));
-        counter.insert(SK.into(), s(COUNTER_SK));
-        counter.insert(LAST.into(), n(12));
-        let items = [row(12), counter, row(3)];
-        let snap = Snapshot::from_items("k", &items).unwrap();
-        assert_eq!(snap.counter.map(|c| c.last), Some(12));
-        assert_eq!(
-            snap.rows.iter().map(|r| r.ticket).collect::<Vec<_>>(),
-            [3, 12]
-        );
-    }
-}
+mod tests;

@@ -53,6 +53,13 @@ impl Attempt<'_> {
         if crate::sim::mutant::on(crate::sim::mutant::Mutant::WaiterIgnoresWatermark) {
             return None;
         }
+        #[cfg(test)]
+        if crate::sim::mutant::on(crate::sim::mutant::Mutant::CoalesceNeverWithdraws) {
+            return self
+                .ordered_tick()
+                .filter(|t| counter.done(*t))
+                .map(|_| self.tick_done(format_ms(counter.tick_done.unwrap_or_default())));
+        }
         if let Some(e) = self.counter_answer(Some(counter)) {
             return Some(e);
         }

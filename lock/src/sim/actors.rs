@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::availability;
-use super::monitor::{check_nothing_live_below, note_hold, wait_bound, Ctx};
+use super::monitor::{check_coalesced, check_nothing_live_below, note_hold, wait_bound, Ctx};
 use super::net::{Endpoint, SimClock};
 use super::scenario::{ms, KeyPlan, WorkerPlan, EPOCH_MS};
 use crate::options::Wait;
@@ -97,6 +97,7 @@ async fn process(
             _ => Wait::Forever,
         };
         opts.tick = pick_tick(&mut ticks);
+        opts.coalesce = opts.wait != Wait::NoWait && ticks.random_bool(0.4);
         let tick = opts.tick.clone();
         let faults_at_start = ctx.faults_on.load(Ordering::SeqCst);
         let started = Instant::now();
@@ -199,6 +200,9 @@ async fn process(
         ctx.with(|m| m.grant(&who, key, token, guard.owner(), guard.lost_signal(), wiped));
         if let Some(t) = &tick {
             ctx.with(|m| m.run_tick(&who, &key.name, t));
+        }
+        if let (Some(Tick::At(t)), true) = (&tick, opts.coalesce) {
+            check_coalesced(ctx, &who, key, *t);
         }
         let by_hand = ctx
             .with(|m| m.deleted_by_hand.contains(guard.owner()))

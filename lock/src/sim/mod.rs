@@ -148,6 +148,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         faulted: Mutex::default(),
         writes: Mutex::default(),
         requests: Mutex::default(),
+        reads: Mutex::default(),
         round_trip: faults.delay.max(Faults::CALM.delay) * 2 + Duration::from_millis(1),
     });
     let ctx = Ctx {

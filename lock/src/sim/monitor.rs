@@ -378,3 +378,38 @@ pub(super) fn check_marks(ctx: &Ctx, marks: Vec<(String, String, Instant)>) {
         }
     }
 }
+
+/// Coalesce: a coalescing acquisition granted for the ordered tick `tick` must not have read the
+/// key after a newer tick had queued (`tickNewest` only grows, and every read an acquisition
+/// makes before its grant — its survey, its looks, the counter read of a coalescing waiter —
+/// sees it and answers `Superseded`; its last look reads the counter in the granting page).
+/// Not checked on a key an operator touched (a counter deleted by hand forgets `tickNewest`).
+pub(super) fn check_coalesced(ctx: &Ctx, who: &str, key: &KeyPlan, tick: i64) {
+    if ctx
+        .with(|m| m.operator_at.contains_key(&key.name))
+        .unwrap_or(true)
+    {
+        return;
+    }
+    let newer = ctx.net.table.lock().ok().and_then(|t| {
+        t.newest
+            .iter()
+            .filter(|(k, n, _)| *k == key.name && *n > tick)
+            .map(|(_, n, at)| (*n, *at))
+            .min_by_key(|(_, at)| *at)
+    });
+    ctx.with(|m| m.applied("coalescing grant, superseded checked"));
+    let Some((newer, at)) = newer else { return };
+    let read_after = ctx.net.reads.lock().ok().and_then(|r| {
+        r.get(who)
+            .and_then(|reads| reads.iter().copied().filter(|r| *r > at).max())
+    });
+    if let Some(read) = read_after {
+        ctx.violation(format!(
+            "coalesce: {who} runs {} for tick {tick}, though tick {newer} had queued {:?} \
+             before one of its reads",
+            key.name,
+            read.saturating_duration_since(at)
+        ));
+    }
+}

@@ -50,9 +50,12 @@ pub(crate) enum Mutant {
     /// coalescing waiters, newer ticks queued behind): a duplicate that waited runs after the
     /// first run succeeded.
     WaiterIgnoresWatermark,
+    /// `locker/ticks.rs`: a coalescing waiter never withdraws for a newer tick queued behind it
+    /// (it still answers a done tick): an overrun runs every waiting tick.
+    CoalesceNeverWithdraws,
     /// `guard.rs`: `release` (the failed run's) marks the tick done too.
     ReleaseAlwaysMarks,
-    /// `storage/dynamo.rs`: the enqueue's tick condition passes whatever the watermark.
+    /// `storage/dynamo/enqueue.rs`: the enqueue's tick condition passes whatever the watermark.
     StoreEnqueueIgnoresWatermark,
     /// `storage/dynamo/ticks.rs`: a release that marks a tick moves the watermark backwards too.
     StoreMarkBackwards,

@@ -160,3 +160,13 @@ fn a_seat_take_that_ignores_the_watermark_runs_a_done_tick_again() {
         &["once per tick"],
     );
 }
+
+#[test]
+fn a_coalescing_waiter_that_never_withdraws_is_caught() {
+    caught_by(
+        "coalescing waiter never withdraws",
+        mutant(Mutant::CoalesceNeverWithdraws),
+        2000,
+        &["coalesce"],
+    );
+}

@@ -75,6 +75,8 @@ pub(crate) struct Net {
     pub requests: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
     /// The longest round trip of a request that meets no fault: twice the one-way delay.
     pub round_trip: Duration,
+    /// Per participant, when each of its `Query`s whose answer reached it was applied.
+    pub reads: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
 }
 
 /// A write that set an entry's version.
@@ -300,6 +302,11 @@ impl Storage for Endpoint {
                         ep.net.fault(&ep.who, started, Instant::now());
                         ep.net.trace.line(format!("{} lost the answer", ep.who));
                         return Err(retry(operation, "answer lost by the network model", false));
+                    }
+                    if operation == "Query" && result.is_ok() {
+                        if let Ok(mut r) = ep.net.reads.lock() {
+                            r.entry(ep.who.to_string()).or_default().push(started + go);
+                        }
                     }
                     result
                 }

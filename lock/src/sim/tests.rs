@@ -257,7 +257,7 @@ fn named_schedules_hold() {
         (200311, clock_free, "conflict on Enqueue(",
          "an enqueue's answer is lost, its retry meets a conflict and the caller gives up; the \
           lost attempt lands later and its row must still be removed"),
-        (275, Knobs::default(), "duplicate of Enqueue(k0 t5",
+        (270, Knobs::default(), "duplicate of Enqueue(k0 t5",
          "a request for ticket 5 is answered 'no counter', the counter is recreated and a new \
           request for ticket 5 sent; the first one's late copy lands under a token of its own \
           (one per request) and meets OursOlder, not a mismatch"),

@@ -14,21 +14,19 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{
-    Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use super::answers::{enqueue_outcome, renewal_refused, seat_refused};
+use super::answers::renewal_refused;
 use super::{
-    counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Owned, Range, Renewal,
-    Request, Response, Storage,
+    counter_key, entry_key, row_key, Beat, Failure, Owned, Range, Renewal, Request, Response,
+    Storage,
 };
 use crate::schema::{self, n, s, PK};
 
+mod enqueue;
 mod errors;
 mod removal;
 mod scan;
@@ -209,119 +207,6 @@ impl Dynamo {
         })
     }
 
-    /// The enqueue transaction (see [`EnqueueRequest`]). `ClientRequestToken` makes a retried
-    /// transaction idempotent on the service side; [`Enqueue::AlreadyOurs`] makes it idempotent
-    /// on ours too, for servers that ignore the token.
-    async fn enqueue(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
-        if r.seat {
-            return self.take_seat(r).await;
-        }
-        let (update, names, values) = counter_move(r);
-        let counter = Update::builder()
-            .table_name(&*self.table)
-            .set_key(Some(counter_key(&r.key)))
-            .update_expression(update)
-            .condition_expression(counter_condition(r))
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| fatal_build("TransactWriteItems", e))?;
-        let put = Put::builder()
-            .table_name(&*self.table)
-            .set_item(Some(r.row.clone()))
-            .condition_expression("attribute_not_exists(#pk)")
-            .expression_attribute_names("#pk", PK)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| fatal_build("TransactWriteItems", e))?;
-        let result = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(counter).build())
-            .transact_items(TransactWriteItem::builder().put(put).build())
-            .client_request_token(&r.token)
-            .send()
-            .await;
-        let err = match result {
-            Ok(_) => return Ok(Enqueue::Done),
-            Err(e) => e,
-        };
-        if let Some(TransactWriteItemsError::TransactionCanceledException(c)) =
-            err.as_service_error()
-        {
-            let reasons = c.cancellation_reasons();
-            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-            let item = |i: usize| reasons.get(i).and_then(|r| r.item());
-            let reasons: Vec<(&str, Option<&crate::storage::Item>)> =
-                (0..2).map(|i| (code(i), item(i))).collect();
-            if let Some(outcome) = enqueue_outcome(r, &reasons)? {
-                return Ok(outcome);
-            }
-            let throttled = c.cancellation_reasons().iter().any(|r| {
-                matches!(
-                    r.code(),
-                    Some("ThrottlingError" | "ProvisionedThroughputExceeded")
-                )
-            });
-            if throttled {
-                return Err(Failure::Retry {
-                    throttled,
-                    operation: "TransactWriteItems",
-                    source: Box::new(err),
-                });
-            }
-        }
-        if let Some(TransactWriteItemsError::TransactionInProgressException(_)) =
-            err.as_service_error()
-        {
-            return Ok(Enqueue::Conflict);
-        }
-        Err(self.classify("TransactWriteItems", err))
-    }
-
-    /// The seat's enqueue (see [`EnqueueRequest`]): one `UpdateItem` of the counter, conditioned
-    /// on the counter as read and an empty seat. A retry of an attempt that landed finds the seat
-    /// ours ([`Enqueue::AlreadyOurs`]); any other refusal reports the counter as it is.
-    async fn take_seat(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
-        let (mut update, mut names, mut values) = counter_move(r);
-        // The seat's attributes under their one placeholder each (`schema::seat_placeholder`),
-        // which the condition uses too. A new row always carries `owner`.
-        for (name, value) in schema::seat_attributes(&r.row) {
-            let placeholder = schema::seat_placeholder(name);
-            let value_placeholder = placeholder.replacen('#', ":", 1);
-            update.push_str(&format!(", {placeholder} = {value_placeholder}"));
-            names.insert(placeholder, name.to_owned());
-            values.insert(value_placeholder, value.clone());
-        }
-        let condition = format!(
-            "{} AND attribute_not_exists({})",
-            counter_condition(r),
-            schema::seat_placeholder(schema::OWNER)
-        );
-        let result = self
-            .client
-            .update_item()
-            .table_name(&*self.table)
-            .set_key(Some(counter_key(&r.key)))
-            .update_expression(update)
-            .condition_expression(condition)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Enqueue::Done),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    seat_refused(r, c.item())
-                }
-                _ => Err(self.classify("UpdateItem", e)),
-            },
-        }
-    }
-
     /// Puts a key's counter if it has none.
     async fn create_counter(&self, key: &str, last: u64, owner: &str) -> Result<bool, Failure> {
         let mut item = counter_key(key);
@@ -471,72 +356,4 @@ fn heartbeat_condition() -> &'static str {
         return "#owner = :owner AND #until = #until";
     }
     HEARTBEAT_CONDITION
-}
-
-/// The counter half of an enqueue: `SET last, lastOwner` (and `tickNewest` with an ordered
-/// tick), its names and values.
-fn counter_move(
-    r: &EnqueueRequest,
-) -> (
-    String,
-    HashMap<String, String>,
-    HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
-) {
-    let mut values = HashMap::from([
-        (":next".to_owned(), n(r.ticket)),
-        (
-            ":owner".to_owned(),
-            s(&schema::last_owner(&r.owner, r.ticket)),
-        ),
-        (":expected".to_owned(), n(r.counter.last)),
-    ]);
-    if let Some(o) = &r.counter.owner {
-        values.insert(":by".into(), s(o));
-    }
-    let mut names = HashMap::from([
-        ("#last".to_owned(), schema::LAST.to_owned()),
-        ("#by".to_owned(), schema::LAST_OWNER.to_owned()),
-    ]);
-    let mut update = "SET #last = :next, #by = :owner".to_owned();
-    if let Some(tick) = r.tick {
-        names.insert("#td".into(), schema::TICK_DONE.into());
-        values.insert(":tick".into(), n(tick));
-    }
-    if let Some(newest) = r.newest {
-        names.insert("#tn".into(), schema::TICK_NEWEST.into());
-        values.insert(":newest".into(), n(newest));
-        update.push_str(", #tn = :newest");
-    }
-    (update, names, values)
-}
-
-/// The counter half's condition: exactly the counter as read; with an ordered tick, a watermark
-/// below it ([`ENQUEUE_TICK_CONDITION`]) and a `tickNewest` not above the one we set.
-fn counter_condition(r: &EnqueueRequest) -> String {
-    let mut condition = match &r.counter.owner {
-        Some(_) => "#last = :expected AND #by = :by",
-        None => "#last = :expected AND attribute_not_exists(#by)",
-    }
-    .to_owned();
-    if r.tick.is_some() {
-        condition.push_str(" AND ");
-        condition.push_str(enqueue_tick_condition());
-    }
-    if r.newest.is_some() {
-        condition.push_str(" AND (attribute_not_exists(#tn) OR #tn <= :newest)");
-    }
-    condition
-}
-
-/// An enqueue's tick condition: the tick is not done (the watermark is absent or below it).
-pub(crate) const ENQUEUE_TICK_CONDITION: &str = "(attribute_not_exists(#td) OR #td < :tick)";
-
-/// [`ENQUEUE_TICK_CONDITION`], or under the test-only mutant one that ignores the watermark (the
-/// differential test must see the difference).
-fn enqueue_tick_condition() -> &'static str {
-    #[cfg(test)]
-    if crate::sim::mutant::on(crate::sim::mutant::Mutant::StoreEnqueueIgnoresWatermark) {
-        return "(attribute_not_exists(#td) OR #td = #td OR :tick = :tick)";
-    }
-    ENQUEUE_TICK_CONDITION
 }

@@ -276,3 +276,117 @@ async fn tick_ids_run_once_and_their_records_stay_out_of_the_queue() {
     assert_eq!(summary.deleted, 0, "{summary:?}");
     assert_eq!(env.items("k").await.len(), 3); // the counter and two records
 }
+
+fn coalescing(tick: Option<i64>) -> LockOptions {
+    LockOptions {
+        tick: tick.map(Tick::At),
+        coalesce: true,
+        ..fast()
+    }
+}
+
+/// An overrun: T1 still runs while T2, T3 and T4 arrive. Each newer tick replaces the waiting
+/// one, which is answered `Superseded`; exactly one more run follows, for T4.
+#[tokio::test]
+async fn an_overrun_then_three_ticks_runs_once_more_for_the_newest() {
+    let env = Env::new("coalesce").await;
+    let first = env
+        .locker()
+        .await
+        .acquire("k", &coalescing(Some(T1)))
+        .await
+        .unwrap();
+    let probe = Probe::default();
+    let mut waiters = Vec::new();
+    for (i, tick) in [T2, T3, T4].into_iter().enumerate() {
+        let locker = env.locker().await;
+        let probe = probe.clone();
+        waiters.push(tokio::spawn(async move {
+            let g = locker.acquire("k", &coalescing(Some(tick))).await?;
+            probe.enter(&format!("T{}", i + 2), g.token());
+            probe.leave();
+            g.release_done().await.map(|_| ())
+        }));
+        // The older waiter sees the newer one behind it and withdraws: one waiter at a time.
+        until_queue_len(&env, "k", 2).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(env.queue("k").await.len(), 2, "{:?}", env.queue("k").await);
+    }
+    first.release_done().await.unwrap();
+    let mut answers = Vec::new();
+    for w in waiters {
+        answers.push(w.await.unwrap());
+    }
+    for a in &answers[..2] {
+        let e = a.as_ref().unwrap_err();
+        assert!(matches!(e, Error::Superseded { .. }), "{e}");
+    }
+    assert!(answers[2].is_ok(), "{:?}", answers[2]);
+    assert_eq!(probe.order(), ["T4"]);
+    nothing_held(&env, "k").await;
+    // A late T3 is superseded at once (a newer tick queued: its read shows it); T4 is done.
+    let late = env.locker().await;
+    let e = late.acquire("k", &coalescing(Some(T3))).await.unwrap_err();
+    assert!(matches!(e, Error::TickDone { .. }), "{e}");
+    let e = late.acquire("k", &coalescing(Some(T4))).await.unwrap_err();
+    assert!(matches!(e, Error::TickDone { .. }), "{e}");
+}
+
+/// Coalescing without ticks: the later arrival replaces the earlier waiter.
+#[tokio::test]
+async fn coalescing_without_ticks_keeps_the_latest_arrival() {
+    let env = Env::new("coalesce0").await;
+    let first = env
+        .locker()
+        .await
+        .acquire("k", &coalescing(None))
+        .await
+        .unwrap();
+    let early = env.locker().await;
+    let early = tokio::spawn(async move { early.acquire("k", &coalescing(None)).await });
+    until_queue_len(&env, "k", 2).await;
+    let late = env.locker().await;
+    let late = tokio::spawn(async move { late.acquire("k", &coalescing(None)).await });
+    let e = early.await.unwrap().unwrap_err();
+    assert!(matches!(e, Error::Superseded { .. }), "{e}");
+    assert_eq!(env.queue("k").await.len(), 2);
+    first.release().await.unwrap();
+    let g = late.await.unwrap().unwrap();
+    assert_eq!(g.token(), 3);
+    g.release().await.unwrap();
+    nothing_held(&env, "k").await;
+}
+
+/// A coalescing waiter behind a queue row (not the seat) reads the counter too.
+#[tokio::test]
+async fn a_coalescing_waiter_behind_a_queue_row_sees_a_newer_tick() {
+    let env = Env::new("coalescerow").await;
+    let seat = env.locker().await.acquire("k", &fast()).await.unwrap();
+    // A plain waiter, who will hold a row once the seat is released.
+    let plain = env.locker().await;
+    let plain = tokio::spawn(async move { plain.acquire("k", &fast()).await.unwrap() });
+    until_queue_len(&env, "k", 2).await;
+    seat.release().await.unwrap();
+    let row_holder = plain.await.unwrap();
+    let older = env.locker().await;
+    let older = tokio::spawn(async move { older.acquire("k", &coalescing(Some(T1))).await });
+    until_queue_len(&env, "k", 2).await;
+    let newer = env.locker().await;
+    let newer = tokio::spawn(async move { newer.acquire("k", &coalescing(Some(T2))).await });
+    let e = older.await.unwrap().unwrap_err();
+    assert!(matches!(e, Error::Superseded { .. }), "{e}");
+    row_holder.release().await.unwrap();
+    newer.await.unwrap().unwrap().release_done().await.unwrap();
+    nothing_held(&env, "k").await;
+}
+
+#[tokio::test]
+async fn coalesce_needs_a_wait() {
+    let env = Env::new("coalescewait").await;
+    let opts = LockOptions {
+        wait: Wait::NoWait,
+        ..coalescing(Some(T1))
+    };
+    let e = env.locker().await.acquire("k", &opts).await.unwrap_err();
+    assert!(e.to_string().contains("coalesc"), "{e}");
+}

@@ -164,6 +164,9 @@ pub(crate) struct Table {
     /// Every tick marked done (key, [`ticks::label`], when): the checker looks for the success
     /// behind each.
     pub marks: Vec<(String, String, Instant)>,
+    /// Every `tickNewest` written (key, tick, when): a coalescing waiter older than one written
+    /// a while before its grant should have withdrawn.
+    pub newest: Vec<(String, i64, Instant)>,
 }
 
 fn num(item: &Item, name: &str) -> Option<i64> {
@@ -229,6 +232,7 @@ impl Table {
             outcomes: Outcomes::default(),
             wiped: std::collections::BTreeSet::new(),
             marks: Vec::new(),
+            newest: Vec::new(),
         }
     }
 

@@ -41,6 +41,7 @@ impl Table {
         self.set_counter(&r.key, r.ticket, Some(&by), now);
         if let Some(newest) = r.newest {
             self.set_counter_attribute(&r.key, schema::TICK_NEWEST, newest, now);
+            self.newest.push((r.key.clone(), newest, now));
         }
     }
 
