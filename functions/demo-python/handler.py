@@ -9,6 +9,12 @@ The event selects a behaviour (all fields optional):
   {"mode": "crash"}            exit the process in the middle of the invocation
   {"mode": "timeout"}          sleep far past any function timeout
   {"mode": "big", "size": N}   answer a string of N bytes
+  {"holdFile": PATH}           after starting, work until PATH exists (at most 120 s): a test
+                               decides when the run ends, so nothing depends on timing
+  {"firstMode": M, "firstMarker": PATH}
+                               the first delivery (PATH absent: it is created) behaves as
+                               {"mode": M}, every later one with the same event as usual: a
+                               transient failure that the retry of the same event gets past
 If DEMO_RECORD_FILE is set, one JSON line per start and end of the handler is appended to it,
 so a test can check that no two runs overlapped.
 """
@@ -45,6 +51,18 @@ def handler(event, context):
     event = event if isinstance(event, dict) else {}
     _record("start", context, event)
     mode = event.get("mode", "ok")
+    marker = event.get("firstMarker")
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            mode = event.get("firstMode", mode)
+        except FileExistsError:
+            pass
+    hold = event.get("holdFile")
+    if hold:
+        until = time.monotonic() + 120
+        while not os.path.exists(hold) and time.monotonic() < until:
+            time.sleep(0.02)
     time.sleep(int(event.get("sleepMs", 0)) / 1000.0)
     if mode == "crash":
         os._exit(3)

@@ -4,7 +4,8 @@
 //! the project.
 //!
 //! 1. A scheduled job that must never overlap: a burst of scheduled events hits three
-//!    environments at once; one runs, the others are answered "skipped" at once.
+//!    environments at once; one runs, the others are answered "skipped" at once; the same
+//!    delivery after the run is answered "duplicate", the next tick runs.
 //! 2. Per-key FIFO: events for two accounts; each account's events run one at a time in arrival
 //!    order, different accounts in parallel; fencing tokens rise per key.
 //! 3. A killed environment: its row stays behind, the next invocation passes over it after the
@@ -175,12 +176,24 @@ async fn part_one(endpoint: &str, table: &str, locker: &Locker, work: &Path) {
         "  body naming the holder (their time is mostly the emulator's cold start). Burst done in {:.1} s.",
         started.elapsed().as_secs_f64()
     ));
-    note("The next scheduled event, once the run is over, runs normally:");
-    let again = envs[1].invoke(json!({})).await;
+    note("Once the run is over, the same delivery again (a duplicate or a retry of this tick) is");
+    note("answered without running: the tick is the event's `time` (FLIGHTLOCK_TICK=auto):");
+    let again = envs[1].invoke(ev.clone()).await;
     note(&format!(
         "  env-b  HTTP {}  {}",
         again.status,
         shown(&again.body)
+    ));
+    note("The next tick runs normally:");
+    let mut next = ev.clone();
+    next["time"] = json!("2026-11-21T12:05:00Z");
+    next["id"] = json!("0d3f5a1e-9b7c-4e2a-8f61-3c2b7d9e4a10");
+    next["sleepMs"] = json!(0);
+    let next = envs[1].invoke(next).await;
+    note(&format!(
+        "  env-b  HTTP {}  {}",
+        next.status,
+        shown(&next.body)
     ));
     for e in envs {
         e.stop().await;

@@ -13,5 +13,6 @@ mod managed_instances_processes;
 mod memory;
 mod node_runtime;
 mod platform_modes;
+mod scheduled;
 mod simulator;
 mod wrapper;

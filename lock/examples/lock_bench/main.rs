@@ -8,18 +8,26 @@
 //! Requests are counted by a proxy in front of DynamoDB (every HTTP request, retries included).
 //! Figures on a local server measure the protocol's own costs (requests, poll schedule, code
 //! paths); absolute latencies against DynamoDB itself are dominated by its ~5–10 ms per request.
+//!
+//! Layout: `main.rs` the sections in order, `common.rs` options and the report's rows,
+//! `contention.rs` the contended loop, `plain.rs` the plain conditional-put lock compared against,
+//! `tick.rs` once per tick (scheduled runs) on the uncontended path.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+mod common;
+mod contention;
+mod plain;
+mod tick;
+
 use std::time::Duration;
 
-use flightlock::{ClockSkew, LockOptions, Locker, Wait};
+use flightlock::{LockOptions, Locker, Wait};
 use flightlock_testkit::{Fault, FaultProxy, Rule};
 use tokio::time::Instant;
 
-/// One grant in the contended run: token, contender, granted at, released at.
-type Grant = (u64, usize, Instant, Instant);
+use common::{ms, opts, pct, write_units, Report};
+use contention::{contend, contention_rows, Contender, Mode};
+use plain::PlainLock;
 
 struct Args {
     cycles: usize,
@@ -51,38 +59,6 @@ fn parse_args() -> Args {
         }
     }
     a
-}
-
-fn opts() -> LockOptions {
-    LockOptions {
-        wait: Wait::Forever,
-        lease: Duration::from_secs(3),
-        poll: Duration::from_millis(50),
-        max_poll: Duration::from_millis(800),
-        clock_skew: ClockSkew::Bounded(Duration::from_millis(500)),
-        ..LockOptions::default()
-    }
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-struct Report(Vec<(String, String, String)>);
-
-impl Report {
-    fn row(&mut self, what: &str, value: String, target: &str) {
-        println!("  {what:<52} {value:>14}   {target}");
-        self.0.push((what.into(), value, target.into()));
-    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -207,6 +183,9 @@ async fn main() {
             "items < 1 KB: 1 a write, 2 a transaction item",
         );
     }
+
+    // 1c. Once per tick on the uncontended path: off / ordered tick / id tick, side by side.
+    tick::section(&mut report, &proxy, &table, args.cycles).await;
 
     // 2. Skip decision: wait = 0 on a held key.
     {
@@ -360,199 +339,4 @@ async fn main() {
         );
     }
     println!("(lease 3 s, heartbeat 1 s, poll 50 ms, skew allowance 500 ms)");
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Processes,
-    OneProcess,
-    PlainLock,
-}
-
-impl Mode {
-    fn key(self) -> &'static str {
-        match self {
-            Mode::Processes => "contended",
-            Mode::OneProcess => "contended-local",
-            Mode::PlainLock => "contended-plain",
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Mode::Processes => "flightlock, separate processes",
-            Mode::OneProcess => "flightlock, one process",
-            Mode::PlainLock => "plain conditional-put lock",
-        }
-    }
-}
-
-enum Contender {
-    Fifo(Locker),
-    Plain(PlainLock),
-}
-
-/// The lock most DynamoDB lock clients implement: a conditional `PutItem` that succeeds when
-/// the item is absent or its lease has ended, retried every poll; release deletes it
-/// conditionally. No queue (barging), no fencing, a dead holder costs its whole lease.
-struct PlainLock {
-    client: aws_sdk_dynamodb::Client,
-    table: String,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-impl PlainLock {
-    async fn try_acquire(&self, key: &str, owner: &str) -> bool {
-        use aws_sdk_dynamodb::types::AttributeValue as V;
-        let now = now_ms();
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .item("pk", V::S(key.into()))
-            .item("sk", V::S("plain".into()))
-            .item("owner", V::S(owner.into()))
-            .item("leaseUntilMs", V::N((now + 3000).to_string()))
-            .condition_expression("attribute_not_exists(pk) OR leaseUntilMs < :now")
-            .expression_attribute_values(":now", V::N(now.to_string()))
-            .send()
-            .await
-            .is_ok()
-    }
-
-    async fn acquire(&self, key: &str, owner: &str) {
-        while !self.try_acquire(key, owner).await {
-            tokio::time::sleep(opts().poll).await;
-        }
-    }
-
-    async fn release(&self, key: &str, owner: &str) {
-        use aws_sdk_dynamodb::types::AttributeValue as V;
-        self.client
-            .delete_item()
-            .table_name(&self.table)
-            .key("pk", V::S(key.into()))
-            .key("sk", V::S("plain".into()))
-            .condition_expression("#o = :o")
-            .expression_attribute_names("#o", "owner")
-            .expression_attribute_values(":o", V::S(owner.into()))
-            .send()
-            .await
-            .unwrap();
-    }
-}
-
-/// Runs the contenders for `secs`; returns every grant.
-async fn contend(contenders: Vec<Contender>, secs: u64, key: &'static str) -> Vec<Grant> {
-    let n = contenders.len();
-    let grants: Arc<Mutex<Vec<Grant>>> = Arc::default();
-    // All contenders start together, so none cycles alone before the others have queued.
-    let barrier = Arc::new(tokio::sync::Barrier::new(n));
-    let stop = Instant::now() + Duration::from_secs(secs);
-    let mut tasks = Vec::new();
-    for (who, c) in contenders.into_iter().enumerate() {
-        let grants = grants.clone();
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let mut round = 0u64;
-            while Instant::now() < stop {
-                round += 1;
-                let (token, granted, released) = match &c {
-                    Contender::Fifo(locker) => {
-                        let g = locker.acquire(key, &opts()).await.unwrap();
-                        let granted = Instant::now();
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        let token = g.token();
-                        let released = Instant::now();
-                        g.release().await.unwrap();
-                        (token, granted, released)
-                    }
-                    Contender::Plain(lock) => {
-                        let owner = format!("{who}-{round}");
-                        lock.acquire(key, &owner).await;
-                        let granted = Instant::now();
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        let released = Instant::now();
-                        lock.release(key, &owner).await;
-                        (0, granted, released)
-                    }
-                };
-                grants.lock().unwrap().push((token, who, granted, released));
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let mut g = grants.lock().unwrap().clone();
-    // In grant order (the plain lock has no tokens).
-    g.sort_by_key(|x| x.2);
-    g
-}
-
-fn contention_rows(
-    report: &mut Report,
-    g: &[Grant],
-    n: usize,
-    secs: u64,
-    mode: Mode,
-    requests: u64,
-) {
-    let label = mode.label();
-    let mut handoffs: Vec<Duration> = g
-        .windows(2)
-        .map(|w| w[1].2.saturating_duration_since(w[0].3))
-        .collect();
-    handoffs.sort();
-    // A self-handoff: the same contender holds twice in a row while others were waiting. All
-    // contenders are always queued in this loop, except at the very start and end: the end is
-    // left out, and the start is told by the tickets (below).
-    let last_start = g.last().map_or(Instant::now(), |x| x.2) - Duration::from_millis(500);
-    let considered: Vec<_> = g.windows(2).filter(|w| w[1].2 < last_start).collect();
-    // With tickets, a releaser granted the very next ticket took one nobody else had asked for
-    // (at the start, before the others' first requests land): no one was waiting, no barging.
-    let barged = |w: &&&[Grant]| w[0].1 == w[1].1 && !(w[0].0 > 0 && w[1].0 == w[0].0 + 1);
-    let selfs = considered.iter().filter(barged).count();
-    let mut per: HashMap<usize, f64> = HashMap::new();
-    for x in g {
-        *per.entry(x.1).or_default() += 1.0;
-    }
-    let sum: f64 = per.values().sum();
-    let sumsq: f64 = per.values().map(|v| v * v).sum();
-    let jain = sum * sum / (n as f64 * sumsq.max(1.0));
-    println!("  -- {label}, {n} contenders, 20 ms critical section, {secs} s");
-    report.row(
-        "cycles per second",
-        format!("{:.1}", g.len() as f64 / secs as f64),
-        "floor 50/s",
-    );
-    report.row(
-        "handoff p50 / p90 (release → next grant)",
-        format!("{} / {}", ms(pct(&handoffs, 0.5)), ms(pct(&handoffs, 0.9))),
-        "",
-    );
-    report.row(
-        "self-handoffs (releaser granted again next)",
-        format!("{selfs} of {}", considered.len()),
-        "FIFO: 0",
-    );
-    report.row("Jain fairness across contenders", format!("{jain:.4}"), "");
-    report.row(
-        "DynamoDB requests per cycle",
-        format!("{:.1}", requests as f64 / g.len().max(1) as f64),
-        "",
-    );
-}
-
-/// Write units of the counted requests: every item the lock writes is under 1 KB, so a single-item
-/// write costs 1 unit and a transaction 2 per item (the enqueue writes two).
-fn write_units(counts: &std::collections::BTreeMap<String, u64>) -> f64 {
-    let n = |op: &str| counts.get(op).copied().unwrap_or(0) as f64;
-    n("PutItem") + n("UpdateItem") + n("DeleteItem") + 4.0 * n("TransactWriteItems")
 }
