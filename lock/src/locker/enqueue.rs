@@ -106,16 +106,17 @@ impl Attempt<'_> {
             .max(snap.counter.as_ref().map_or(0, |c| c.last))
             .max(snap.rows.last().map_or(0, |r| r.ticket));
         let mut first_live = None;
-        for row in snap
+        let mut ahead = snap
             .rows
             .iter()
-            .filter(|r| below.is_none_or(|b| r.ticket < b))
-        {
+            .filter(|r| below.is_none_or(|b| r.ticket < b));
+        for row in ahead.by_ref() {
             if self.alive(row, asked).await? {
                 first_live = Some(row.clone());
                 break; // one live row ahead is enough to wait; rows behind it are its business
             }
         }
+        self.watch_rest(ahead, asked);
         Ok((snap, first_live))
     }
 
@@ -144,6 +145,23 @@ impl Attempt<'_> {
                 let outcome = self.delete_stale(row).await?;
                 tracing::info!(key = self.key, ticket = row.ticket, owner = %row.owner, ?outcome, "passing over a dead row");
                 Ok(outcome == StaleDelete::Revived)
+            }
+        }
+    }
+
+    /// Clock-free: starts (or goes on with) the watch of the rows a read found past the first
+    /// live one, without judging them live or passing them over (no request). Rows whose
+    /// owners died together then go stale together, a lease after they were first read, not
+    /// each a lease after the one before it was passed over: `n` dead rows would take `n`
+    /// leases, and a `wait = 0` call (whose watch ends after two) would answer busy.
+    pub(super) fn watch_rest<'r>(&self, rows: impl Iterator<Item = &'r QueueRow>, asked: Instant) {
+        if !self.opts.clock_free() {
+            return;
+        }
+        let (wall, now) = (self.locker.clock.wall_ms(), self.now());
+        if let Ok(mut o) = self.locker.observer.lock() {
+            for row in rows {
+                o.judge_read(row, wall, asked, now, self.opts.clock_skew);
             }
         }
     }

@@ -78,6 +78,9 @@ impl Attempt<'_> {
                 }
                 let Some(row) = entry else { continue };
                 if self.alive(row, asked).await? {
+                    // The rows read past it are its business, not passed over; clock-free mode
+                    // starts watching them all the same (see `watch_rest`).
+                    self.watch_rest(entries[i + 1..].iter().flatten(), asked);
                     if self.opts.coalesce && !counter_read {
                         // The page stopped short of the counter: a coalescing waiter reads it
                         // (with the queue's head, one read unit) to see whether a newer tick or

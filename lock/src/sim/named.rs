@@ -16,7 +16,7 @@ fn named_schedules_hold() {
         all_clock_free: true,
         ..Knobs::default()
     };
-    let named: [(u64, Knobs, &str, &str); 12] = [
+    let named: [(u64, Knobs, &str, &str); 13] = [
         (1411, Knobs::default(), "OPERATOR deletes the counter",
          "an enqueue reads 'no counter, queue clear' and its answer is lost; others queue and \
           the counter is deleted again; its retry lands and must not be granted beside them"),
@@ -50,6 +50,10 @@ fn named_schedules_hold() {
          "a clock-free wait = 0 reads a seat slowly (its answer a second late), its holder \
           heartbeats once more and crashes; the next reads see a new version, and the waiter \
           must still take the key once the holder has been quiet for a lease, not say busy"),
+        (3525, clock_free, "p2 crashes holding k0 token 5",
+         "clock-free: a holder (t5) and the waiter behind it (t6) both crash; a wait = 0 call \
+          reads both, and must watch both from that read (not t6 only once t5 is passed over, \
+          a lease later): it takes the key about a lease in, not busy at its deadline"),
     ];
     let mut moved = Vec::new();
     let mut broken = Vec::new();
