@@ -25,17 +25,7 @@ use tokio::net::TcpStream;
 
 /// An EventBridge scheduled event (the shape of `events/scheduled.json`) for `time`.
 fn scheduled(time: &str) -> serde_json::Value {
-    serde_json::json!({
-        "version": "0",
-        "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
-        "detail-type": "Scheduled Event",
-        "source": "aws.events",
-        "account": "123456789012",
-        "time": time,
-        "region": "us-east-1",
-        "resources": ["arn:aws:events:us-east-1:123456789012:rule/nightly"],
-        "detail": {}
-    })
+    flightlock_testkit::events::scheduled(flightlock_testkit::events::SCHEDULED_ID, time)
 }
 
 /// One execution environment: its platform double and its proxy's port.

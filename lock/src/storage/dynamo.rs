@@ -219,6 +219,11 @@ impl Dynamo {
             schema::LAST_OWNER.into(),
             s(&schema::last_owner(owner, last)),
         );
+        self.put_new(item).await
+    }
+
+    /// `PutItem` of `item` only if no item has its key: whether it was put.
+    pub(super) async fn put_new(&self, item: crate::storage::Item) -> Result<bool, Failure> {
         let result = self
             .client
             .put_item()

@@ -14,6 +14,7 @@ use flightlock::lambda::config::Config;
 use flightlock::lambda::{FlightlockLayer, Gated};
 use flightlock::tick::format_ms;
 use flightlock::Locker;
+use flightlock_testkit::events;
 use serde_json::{json, Value};
 
 use crate::{call, gated, layer, until_queued, until_running, Probe};
@@ -21,18 +22,9 @@ use crate::{call, gated, layer, until_queued, until_running, Probe};
 /// An EventBridge scheduled event for the instant `time` (RFC 3339), as a rule delivers it
 /// (`events/scheduled.json`'s shape); `fail` makes the test handler fail.
 fn scheduled(time: &str, fail: bool) -> Value {
-    json!({
-        "version": "0",
-        "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
-        "detail-type": "Scheduled Event",
-        "source": "aws.events",
-        "account": "123456789012",
-        "time": time,
-        "region": "us-east-1",
-        "resources": ["arn:aws:events:us-east-1:123456789012:rule/nightly"],
-        "detail": {},
-        "fail": fail,
-    })
+    let mut event = events::scheduled(events::SCHEDULED_ID, time);
+    event["fail"] = json!(fail);
+    event
 }
 
 /// The skip body's `reason`, or a panic naming what came instead.

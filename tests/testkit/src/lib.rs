@@ -19,6 +19,7 @@
 // Tests may unwrap; library code must not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod events;
 mod local;
 pub mod platform;
 mod proxy;

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
@@ -131,22 +130,6 @@ impl Dynamo {
         id: &str,
         expires_at: i64,
     ) -> Result<bool, Failure> {
-        let item = schema::tick_record(key, id, expires_at);
-        let result = self
-            .client
-            .put_item()
-            .table_name(&*self.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(#pk)")
-            .expression_attribute_names("#pk", PK)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(e) => match e.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(_)) => Ok(false),
-                _ => Err(self.classify("PutItem", e)),
-            },
-        }
+        self.put_new(schema::tick_record(key, id, expires_at)).await
     }
 }

@@ -28,18 +28,11 @@ pub(super) fn minute(offset: i64) -> String {
 /// demo handler (what to record, how to behave); the layer reads only `source`, `detail-type`
 /// and `time`.
 pub(super) fn scheduled(seq: i64, time: &str, control: Value) -> Value {
-    let mut event = json!({
-        "version": "0",
-        "id": format!("7bf73129-1428-4cd3-a780-95db273d{seq:04}"),
-        "detail-type": "Scheduled Event",
-        "source": "aws.events",
-        "account": "123456789012",
-        "time": time,
-        "region": "us-east-1",
-        "resources": ["arn:aws:events:us-east-1:123456789012:rule/nightly"],
-        "detail": {},
-        "seq": seq,
-    });
+    let mut event = flightlock_testkit::events::scheduled(
+        &format!("7bf73129-1428-4cd3-a780-95db273d{seq:04}"),
+        time,
+    );
+    event["seq"] = json!(seq);
     if let (Some(e), Some(c)) = (event.as_object_mut(), control.as_object()) {
         e.extend(c.clone());
     }
