@@ -50,10 +50,11 @@ fn named_schedules_hold() {
          "a clock-free wait = 0 reads a seat slowly (its answer a second late), its holder \
           heartbeats once more and crashes; the next reads see a new version, and the waiter \
           must still take the key once the holder has been quiet for a lease, not say busy"),
-        (3525, clock_free, "p2 crashes holding k0 token 5",
-         "clock-free: a holder (t5) and the waiter behind it (t6) both crash; a wait = 0 call \
-          reads both, and must watch both from that read (not t6 only once t5 is passed over, \
-          a lease later): it takes the key about a lease in, not busy at its deadline"),
+        (7674, clock_free, "p3 crashes holding k0 token 1",
+         "clock-free: the holder (t1) crashes behind rows that two crashed acquisitions left; a \
+          waiter's read sees them all and must watch every one from that read (not each only once \
+          the one before it is passed over, a lease apiece), so the key moves within the \
+          progress bound"),
     ];
     let mut moved = Vec::new();
     let mut broken = Vec::new();
