@@ -259,6 +259,14 @@ impl Locker {
                         done: id.clone(),
                     });
                 }
+                // The check ran before any heartbeat (they start with the guard) and may have
+                // retried for seconds: if our lease ran out meanwhile, others may have judged
+                // the entry dead and run the key, so neither the entry nor the answer counts.
+                if let RowState::Lost(reason) = membership.state() {
+                    tracing::warn!(key, ticket = membership.ticket, %reason, "lease ran out while the tick id was checked; queueing again");
+                    drop(membership.leave().await);
+                    continue;
+                }
             }
             let waited = self.clock.now().duration_since(started);
             tracing::debug!(
