@@ -288,6 +288,41 @@ fn code_blocks(text: &str) -> Vec<(String, String, usize)> {
     blocks
 }
 
+/// The lines of the crate's doctest in `lock/src/lib.rs` that a reader sees (without `# `).
+fn crate_doctest() -> String {
+    let lib = read("lock/src/lib.rs");
+    let body = lib
+        .split("//! ```no_run\n")
+        .nth(1)
+        .and_then(|s| s.split("//! ```\n").next())
+        .expect("the doctest in lock/src/lib.rs");
+    let mut code = String::new();
+    for line in body.lines() {
+        let line = line.strip_prefix("//! ").unwrap_or(line.trim_start_matches("//!"));
+        if line != "#" && !line.starts_with("# ") {
+            code.push_str(line);
+            code.push('\n');
+        }
+    }
+    code
+}
+
+#[test]
+fn the_rust_quick_starts_are_the_crates_doctest() {
+    let doctest = crate_doctest();
+    assert!(doctest.contains("locker.acquire("), "{doctest}");
+    for path in ["lock/README.md", "docs/src/reference/library.md"] {
+        let text = read(path);
+        let rust: Vec<String> = code_blocks(&text)
+            .into_iter()
+            .filter(|(lang, _, _)| lang == "rust")
+            .map(|(_, body, _)| body)
+            .collect();
+        assert_eq!(rust.len(), 1, "{path}: one Rust block");
+        assert_eq!(rust[0], doctest, "{path}'s quick start is not lock/src/lib.rs's doctest");
+    }
+}
+
 /// Languages of snippets a user would copy and run; JSON and text blocks show answers.
 const SNIPPET_LANGUAGES: &[&str] = &["sh", "yaml", "js", "python", "rust", "dockerfile"];
 
