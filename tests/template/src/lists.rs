@@ -298,7 +298,9 @@ fn crate_doctest() -> String {
         .expect("the doctest in lock/src/lib.rs");
     let mut code = String::new();
     for line in body.lines() {
-        let line = line.strip_prefix("//! ").unwrap_or(line.trim_start_matches("//!"));
+        let line = line
+            .strip_prefix("//! ")
+            .unwrap_or(line.trim_start_matches("//!"));
         if line != "#" && !line.starts_with("# ") {
             code.push_str(line);
             code.push('\n');
@@ -319,7 +321,10 @@ fn the_rust_quick_starts_are_the_crates_doctest() {
             .map(|(_, body, _)| body)
             .collect();
         assert_eq!(rust.len(), 1, "{path}: one Rust block");
-        assert_eq!(rust[0], doctest, "{path}'s quick start is not lock/src/lib.rs's doctest");
+        assert_eq!(
+            rust[0], doctest,
+            "{path}'s quick start is not lock/src/lib.rs's doctest"
+        );
     }
 }
 
