@@ -5,7 +5,8 @@
 #   make layer-x86_64     the x86_64 zip only
 #   make layer-arm64      the arm64 zip only
 #
-# SAM (`BuildMethod: makefile`, ContentUri: .) calls build-FlightlockLayerX86 and
+# SAM (`BuildMethod: makefile`, ContentUri: extension/layer, the Makefile found through
+# `ContextPath: .`) calls build-FlightlockLayerX86 and
 # build-FlightlockLayerArm64 with ARTIFACTS_DIR set; they lay out the layer there:
 #   $(ARTIFACTS_DIR)/extensions/flightlock   the extension (cargo bin flightlock-extension, renamed)
 #   $(ARTIFACTS_DIR)/flightlock-wrapper      the exec wrapper (extension/layer/flightlock-wrapper)

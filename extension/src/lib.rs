@@ -25,7 +25,8 @@
 //! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
 //! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::lambda::config`]; user docs, the skip and
-//! error bodies and the metric names are in `extension/README.md`.
+//! error bodies and the metric names are in the guide (`docs/src/reference/responses.md`,
+//! `docs/src/reference/metrics.md`).
 
 pub mod body;
 pub mod extensions_api;

@@ -3,7 +3,7 @@
 //! `CheckpointToken` and `InitialExecutionState.Operations`, whose first operation (type
 //! `EXECUTION`) carries the user's input as a JSON *string* in `ExecutionDetails.InputPayload`
 //! (AWS Lambda API reference, `Operation` / `ExecutionDetails`; the durable execution SDKs'
-//! `DurableExecutionInput`). The recommended setup (README "Durable functions"):
+//! `DurableExecutionInput`). The recommended setup (the guide's `docs/src/recipes/durable.md`):
 //! `FLIGHTLOCK_KEY=durable-{/DurableExecutionArn}`, a wait longer than zero and
 //! `FLIGHTLOCK_ON_BUSY=error`. Here a replay that arrives while the previous invocation of its
 //! execution still holds the key waits and then runs (never answered as "busy": a skip body is no

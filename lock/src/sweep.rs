@@ -58,8 +58,8 @@
 //! `sk = "counter"`, `last`): 62 bytes each on average, 7 Scan pages of 1 MB, **829.5** read
 //! request units per sweep, measured by `examples/sweep_bench.rs` on DynamoDB Local (which
 //! reports consumed capacity like DynamoDB). Each dead row deleted costs one write unit (a
-//! failed conditional delete too). What that costs in money: the README's "Cost" section, the
-//! one place for cost figures.
+//! failed conditional delete too). What that costs in money: the guide's Cost page
+//! (`docs/src/operations/cost.md`), the one place for cost figures.
 //!
 //! The alternative is a sparse GSI keyed on `leaseUntilMs` (projected only from queue rows), so
 //! a sweep would `Query` just the dead rows and read almost nothing. But `leaseUntilMs` changes

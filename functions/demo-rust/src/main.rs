@@ -1,6 +1,6 @@
 //! `demo-rust`: an example single-flight job, and the Rust function of the end-to-end tests.
 //!
-//! Two ways to gate it (see `extension/README.md`):
+//! Two ways to gate it (see `docs/src/getting-started/rust.md`):
 //! - behind the flightlock layer's proxy (`AWS_LAMBDA_EXEC_WRAPPER` on a managed runtime, or a
 //!   `bootstrap` that execs `/opt/flightlock-wrapper ./demo-rust` on `provided.al2023`);
 //! - in-process with `DEMO_IN_PROCESS_LOCK=1`: the handler is wrapped in

@@ -7,9 +7,9 @@
 //! a default silently.
 //!
 //! The variables ([`KNOWN`]), what each means, its accepted forms and its default are
-//! documented once, in the README's "Configuration" table; `tests/template` checks that table
-//! against [`KNOWN`] and the accepted words ([`Wait::FOREVER_WORDS`],
-//! [`ClockSkew::UNBOUNDED_WORDS`]).
+//! documented once, in the guide's configuration reference
+//! (`docs/src/reference/configuration.md`); `tests/template` checks that table against
+//! [`KNOWN`] and the accepted words ([`Wait::FOREVER_WORDS`], [`ClockSkew::UNBOUNDED_WORDS`]).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};

@@ -46,7 +46,7 @@ fn now_rfc3339(minus: Duration) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_success_marks_the_tick_and_a_duplicate_is_answered_as_such() {
-    // The default FLIGHTLOCK_TICK (auto) and the README's scheduled-job settings.
+    // The default FLIGHTLOCK_TICK (auto) and the guide's scheduled-job settings.
     let (layer, locker, _) = layer("tick_dup", &[]).await;
     let probe = Arc::new(Probe::default());
     let service = gated(&layer, &probe);

@@ -1,4 +1,4 @@
-//! Every bad value on the command line: exit 2 (as the README's exit-status table says) and one
+//! Every bad value on the command line: exit 2 (as the CLI reference's exit-status table says) and one
 //! message that names the option and lists every accepted form. Nothing is sent to DynamoDB.
 
 use std::process::Output;

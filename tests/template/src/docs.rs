@@ -1,6 +1,7 @@
-//! The docs checked against the code: the configuration tables list exactly the variables the
-//! code reads and every word it accepts, the wrapper script and the extension read
-//! `FLIGHTLOCK_PROXY_PORT` alike, and every CLI exit status is documented.
+//! The docs checked against the code: the configuration reference's tables
+//! (`docs/src/reference/configuration.md`) list exactly the variables the code reads and every
+//! word it accepts, the wrapper script and the extension read `FLIGHTLOCK_PROXY_PORT` alike, and
+//! every CLI exit status is in the CLI reference (`docs/src/reference/cli.md`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
@@ -11,12 +12,22 @@ use flightlock_cleanup::config as cleanup_config;
 
 use crate::repo_root;
 
-fn read(path: &str) -> String {
-    std::fs::read_to_string(repo_root().join(path)).unwrap()
+/// The configuration reference: the one place the variables are documented.
+pub(crate) const CONFIGURATION: &str = "docs/src/reference/configuration.md";
+/// The CLI reference: options and exit statuses.
+pub(crate) const CLI: &str = "docs/src/reference/cli.md";
+
+pub(crate) fn read(path: &str) -> String {
+    std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The lines of the Markdown section that starts with `heading`, up to the next `## `.
-fn section<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+/// The lines of the Markdown section that starts with `heading`, up to the next `## `. Panics if
+/// there is no such heading (a check of an empty section would pass on nothing).
+pub(crate) fn section<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+    assert!(
+        text.lines().any(|l| l.trim() == heading),
+        "no section {heading:?}"
+    );
     text.lines()
         .skip_while(|l| l.trim() != heading)
         .skip(1)
@@ -56,26 +67,26 @@ fn variable_rows_reads_only_variable_rows() {
 }
 
 #[test]
-fn readme_configuration_table_lists_exactly_the_variables_the_code_reads() {
-    let readme = read("README.md");
-    let rows = variable_rows(&section(&readme, "## Configuration"));
+fn configuration_table_lists_exactly_the_variables_the_code_reads() {
+    let doc = read(CONFIGURATION);
+    let rows = variable_rows(&section(&doc, "## Function variables"));
     assert_eq!(names(&rows), known(config::KNOWN));
 }
 
 #[test]
 fn every_accepted_word_is_documented_and_none_is_not_a_skew() {
-    let readme = read("README.md");
-    let rows = variable_rows(&section(&readme, "## Configuration"));
+    let doc = read(CONFIGURATION);
+    let rows = variable_rows(&section(&doc, "## Function variables"));
     for word in Wait::FOREVER_WORDS {
         assert!(
             rows[config::WAIT].contains(&format!("`{word}`")),
-            "FLIGHTLOCK_WAIT accepts {word}, the README does not say so"
+            "FLIGHTLOCK_WAIT accepts {word}, the configuration reference does not say so"
         );
     }
     for word in ClockSkew::UNBOUNDED_WORDS {
         assert!(
             rows[config::CLOCK_SKEW].contains(&format!("`{word}`")),
-            "FLIGHTLOCK_CLOCK_SKEW accepts {word}, the README does not say so"
+            "FLIGHTLOCK_CLOCK_SKEW accepts {word}, the configuration reference does not say so"
         );
     }
     assert!(ClockSkew::parse("none").is_err());
@@ -98,8 +109,8 @@ fn every_accepted_word_is_documented_and_none_is_not_a_skew() {
 
 #[test]
 fn cleanup_docs_list_exactly_the_variables_the_cleanup_function_reads() {
-    let readme = read("functions/cleanup/README.md");
-    let rows = variable_rows(&readme.lines().collect::<Vec<_>>());
+    let doc = read(CONFIGURATION);
+    let rows = variable_rows(&section(&doc, "## Cleanup function variables"));
     assert_eq!(names(&rows), known(cleanup_config::KNOWN));
     for word in flightlock::options::SWITCH_ON_WORDS
         .iter()
@@ -107,16 +118,7 @@ fn cleanup_docs_list_exactly_the_variables_the_cleanup_function_reads() {
     {
         assert!(
             rows[cleanup_config::METRICS].contains(&format!("`{word}`")),
-            "the cleanup function's FLIGHTLOCK_METRICS accepts {word}, its README does not say so"
-        );
-    }
-    // The root README names them in a sentence below its table.
-    let root = read("README.md");
-    let configuration = section(&root, "## Configuration").join("\n");
-    for name in cleanup_config::KNOWN {
-        assert!(
-            configuration.contains(&format!("`{name}`")),
-            "{name} is not in the README"
+            "the cleanup function's FLIGHTLOCK_METRICS accepts {word}, the reference does not say so"
         );
     }
 }
@@ -185,14 +187,15 @@ fn every_cli_exit_status_is_documented() {
         .map(|(name, v)| (name, v.trim_end_matches(';')))
         .collect();
     assert!(statuses.len() >= 4, "{statuses:?}");
-    let readme = read("README.md");
+    let doc = read(CLI);
+    let table = section(&doc, "## Exit statuses").join("\n");
     for (name, value) in statuses {
         assert!(
-            readme.contains(&format!("\n| {value} | ")),
-            "exit status {value} (EXIT_{name}) is not in the README's table"
+            table.contains(&format!("\n| {value} | ")),
+            "exit status {value} (EXIT_{name}) is not in the CLI reference's table"
         );
     }
     for value in ["0", "1", "2"] {
-        assert!(readme.contains(&format!("\n| {value} | ")), "{value}");
+        assert!(table.contains(&format!("\n| {value} | ")), "{value}");
     }
 }

@@ -283,6 +283,10 @@ pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
 #[cfg(test)]
 mod docs;
 #[cfg(test)]
+mod links;
+#[cfg(test)]
+mod lists;
+#[cfg(test)]
 mod params;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use crate::Tick;
 const SCHEDULED: &str = include_str!("../../../../events/scheduled.json");
 /// The repository's sample keyed event: an EventBridge event that is not a scheduled one.
 const KEYED: &str = include_str!("../../../../events/keyed.json");
-/// The repository's sample EventBridge Scheduler input, as the README's recipe writes it
+/// The repository's sample EventBridge Scheduler input, as the guide's Scheduler recipe writes it
 /// (`{"tick":"<aws.scheduler.scheduled-time>","execution":"<aws.scheduler.execution-id>"}`)
 /// once Scheduler has filled in the context attributes.
 const SCHEDULER: &str = include_str!("../../../../events/scheduler.json");

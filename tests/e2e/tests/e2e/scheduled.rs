@@ -1,8 +1,8 @@
 //! End-to-end: scheduled jobs, once per tick (issue 17). EventBridge scheduled events delivered
 //! to environments of one function through the layer (extension + wrapper, Python under
-//! `awslambdaric`), on DynamoDB Local, with the README's scheduled-job recipe: the function name
-//! as the key, `FLIGHTLOCK_WAIT=0`, `skip`, and `FLIGHTLOCK_TICK` left at its default `auto`
-//! (the tick is the event's `time`); the last test takes the EventBridge Scheduler recipe
+//! `awslambdaric`), on DynamoDB Local, with the guide's scheduled-job recipe
+//! (`docs/src/recipes/scheduled.md`): the function name as the key, `FLIGHTLOCK_WAIT=0`, `skip`,
+//! and `FLIGHTLOCK_TICK` left at its default `auto` (the tick is the event's `time`); the last test takes the EventBridge Scheduler recipe
 //! (`FLIGHTLOCK_TICK={/tick}`) and an id tick instead. Runs are counted from what the handler itself records (the
 //! record file), never from the extension's answers. No assertion depends on timing: a run that
 //! must still be going is held by a file the test writes when it is done with it
