@@ -2,6 +2,7 @@
 //! it decided; releasing.
 
 use super::*;
+use crate::crash_watch::{self, WatchEnd};
 use flightlock::lambda::gate::{Outcome, Run};
 
 impl Proxy {
@@ -47,6 +48,28 @@ impl Proxy {
         if let Some(held) = slot.take_held() {
             let _in_flight = Releasing::start(&self.releasing);
             self.current_gate().release(held, run).await;
+        }
+    }
+
+    /// Waits until the invocation of `slot` is finished, at most `limit` (see
+    /// [`crate::crash_watch`]). If the runtime that got the event dies first, with every
+    /// process it started, releases the lock at once (the run failed: its tick stays for the
+    /// retries) and counts the invocation as finished. False: `limit` passed first.
+    pub async fn watch_until_done(&self, slot: &Slot, id: &str, limit: Duration) -> bool {
+        match crash_watch::watch(&self.proc_root, slot, limit).await {
+            WatchEnd::Done => true,
+            WatchEnd::TimedOut => false,
+            WatchEnd::RuntimeGone { pid } => {
+                tracing::warn!(
+                    request_id = %id,
+                    runtime_pid = pid,
+                    "the runtime exited in the middle of the invocation (its whole process tree \
+                     is gone); releasing its lock now"
+                );
+                self.release(slot, Run::Failed).await;
+                slot.mark_done();
+                true
+            }
         }
     }
 
