@@ -3,11 +3,13 @@
 
 use super::*;
 use crate::crash_watch::{self, WatchEnd};
+use flightlock::lambda::client_context::Handover;
 use flightlock::lambda::gate::{Outcome, Run};
 
 impl Proxy {
-    /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
-    /// was answered here (skipped or failed) and is done.
+    /// Takes the lock for one event. `Some`: the runtime gets the event, and its handler this
+    /// (see [`super::context`]). `None`: the invocation was answered here (skipped or failed)
+    /// and is done.
     pub(super) async fn gate(
         &self,
         id: &str,
@@ -15,20 +17,21 @@ impl Proxy {
         deadline: Option<SystemTime>,
         event: &[u8],
         tenant: Option<&str>,
-    ) -> bool {
+    ) -> Option<Handover> {
         match self
             .current_gate()
             .decide(id, deadline, event, tenant)
             .await
         {
             Outcome::Acquired(held) => {
+                let handover = held.handover();
                 slot.hold(held);
-                true
+                Some(handover)
             }
             Outcome::Skipped(body) => {
                 self.answer(id, None, &body).await;
                 slot.mark_done();
-                false
+                None
             }
             Outcome::Failed {
                 error_type,
@@ -37,7 +40,7 @@ impl Proxy {
                 let body = flightlock::lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 slot.mark_done();
-                false
+                None
             }
         }
     }
