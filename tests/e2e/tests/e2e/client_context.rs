@@ -2,7 +2,8 @@
 //! clients: `awslambdaric` (Python) and `aws-lambda-ric` (Node.js) parse the
 //! `Lambda-Runtime-Client-Context` header the proxy merged, and the handler
 //! (`{"mode": "context"}` in `functions/demo-python/handler.py` and
-//! `tests/e2e/runtimes/node_handler.mjs`) answers what it read. RIE passes a caller's client
+//! `tests/e2e/runtimes/node_handler.mjs`; `lambda_runtime` in `functions/demo-rust`, behind the
+//! extension and behind the in-process layer) answers what it read. RIE passes a caller's client
 //! context through (its invoke endpoint takes `X-Amz-Client-Context` in base64, as the Invoke
 //! API's `ClientContext`, and hands the decoded JSON to the runtime), so the caller's side is
 //! checked on RIE too. Needs `eval "$(scripts/node-tools)"` for the Node.js runtime.
@@ -10,14 +11,28 @@
 use flightlock_e2e::{finish, record_file, table, Env, Runtime, Spec};
 use serde_json::{json, Value};
 
-/// The `ticket` of the extension's JSON "lock acquired" line of invocation `request_id`.
+/// The `ticket` of the "lock acquired" line of invocation `request_id`: the extension's JSON
+/// line, or the text line of the in-process layer (`invocation{request_id=.. ticket=..}`).
 fn logged_ticket(log: &str, request_id: &str) -> Option<u64> {
-    log.lines()
+    let json = log
+        .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| {
             v["fields"]["message"] == "lock acquired" && v["span"]["request_id"] == request_id
         })
-        .and_then(|v| v["span"]["ticket"].as_u64())
+        .and_then(|v| v["span"]["ticket"].as_u64());
+    json.or_else(|| {
+        let line = log.lines().find(|l| {
+            l.contains("lock acquired") && l.contains(&format!("request_id={request_id} "))
+        })?;
+        let digits: String = line
+            .split_once(" ticket=")?
+            .1
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    })
 }
 
 fn ticket_of(answer: &Value) -> u64 {
@@ -30,7 +45,16 @@ fn ticket_of(answer: &Value) -> u64 {
 async fn handler_reads_its_ticket(runtime: Runtime, name: &str) {
     let (endpoint, table) = table(&format!("e2e_cc_{name}")).await;
     let record = record_file(&format!("cc-{name}"));
-    let spec = Spec::layered(name, runtime).with("AWS_LAMBDA_LOG_FORMAT", "JSON");
+    let layered = Spec::layered(name, runtime.clone()).with("AWS_LAMBDA_LOG_FORMAT", "JSON");
+    // The in-process layer needs no extension (both would take the same key).
+    let spec = match runtime {
+        Runtime::RustInProcess => Spec {
+            extension: false,
+            wrapper: false,
+            ..layered
+        },
+        _ => layered,
+    };
     let env = Env::start(name, &spec, &endpoint, &table, &record).await;
 
     let first = env.invoke(json!({"mode": "context"})).await.json();
@@ -64,6 +88,16 @@ async fn python_handler_reads_its_ticket_and_the_next_a_higher_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_handler_reads_its_ticket_and_the_next_a_higher_one() {
     handler_reads_its_ticket(Runtime::Node, "ccnode").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_handler_behind_the_extension_reads_its_ticket() {
+    handler_reads_its_ticket(Runtime::Rust, "ccrust").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_handler_behind_the_in_process_layer_reads_its_ticket() {
+    handler_reads_its_ticket(Runtime::RustInProcess, "ccrustinproc").await;
 }
 
 /// Standard base64 with padding (what the SDKs send as the Invoke API's `ClientContext`).
