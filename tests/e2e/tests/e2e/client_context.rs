@@ -75,8 +75,20 @@ async fn handler_reads_its_ticket(runtime: Runtime, name: &str) {
         env.log()
     );
 
-    let second = env.invoke(json!({"mode": "context"})).await.json();
+    assert!(custom.get("flightlockTick").is_none(), "no tick: {first}");
+
+    // The next one, a scheduled tick (the default FLIGHTLOCK_TICK reads its `time`).
+    let mut tick = flightlock_testkit::events::scheduled(
+        flightlock_testkit::events::SCHEDULED_ID,
+        "2026-11-25T10:00:00Z",
+    );
+    tick["mode"] = json!("context");
+    let second = env.invoke(tick).await.json();
     assert!(ticket_of(&second) > t1, "{first} then {second}");
+    assert_eq!(
+        second["clientContext"]["custom"]["flightlockTick"], "2026-11-25T10:00:00.000Z",
+        "{second}"
+    );
     finish(env, &record).await;
 }
 
