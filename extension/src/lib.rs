@@ -12,11 +12,12 @@
 //! | module | what |
 //! |---|---|
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
-//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases |
+//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases, `proxy::context` hands the ticket to the handler in the client context |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
 //! | `mode` | the execution mode (standard or Lambda Managed Instances) and what it registers (pure) |
 //! | `extensions_api` | the Extensions and Telemetry API client (requests pure, sending thin) |
-//! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN; the Managed Instances watches |
+//! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN; the Managed Instances unenforced check |
+//! | `crash_watch` | waits until an invocation is finished or its runtime's whole process tree is gone (used by `lifecycle` and the proxy) |
 //! | `telemetry` | Managed Instances: `platform.start` from the Telemetry API drives the unenforced check |
 //! | `peer` | which runtime process is on the other end of a proxy connection (`/proc/net/tcp` → socket → process → wrapped ancestor) |
 //! | `metrics` | CloudWatch EMF lines |
@@ -29,6 +30,7 @@
 //! `docs/src/reference/metrics.md`).
 
 pub mod body;
+pub mod crash_watch;
 pub mod extensions_api;
 pub mod invocations;
 pub mod lifecycle;

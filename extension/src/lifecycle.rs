@@ -8,20 +8,18 @@
 //! an INVOKE whose event never went through the proxy means the wrapper is not configured: the
 //! lock is not enforced, which is logged as an error and counted.
 //!
-//! Lambda Managed Instances (no INVOKE events): the proxy starts the same crash watch itself when
-//! it hands an event to a runtime process ([`watch_handed_over`]), and the Telemetry API's
-//! `platform.start` drives the unenforced check ([`check_enforced`]).
+//! Lambda Managed Instances (no INVOKE events): the proxy starts the same crash watch
+//! ([`crate::crash_watch`]) itself when it hands an event to a runtime process, and the
+//! Telemetry API's `platform.start` drives the unenforced check ([`check_enforced`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::lambda::gate::Run;
 use lambda_extension::NextEvent;
 
 use crate::invocations::Slot;
 use crate::metrics::Metric;
 use crate::proxy::Proxy;
-use crate::runtime_process::RuntimeTree;
 
 /// How long after an INVOKE event (or a `platform.start`) the proxy must have fetched the event
 /// for the invocation to count as enforced, once a runtime has connected to the proxy. Both are
@@ -31,10 +29,6 @@ pub const UNENFORCED_GRACE: Duration = Duration::from_secs(2);
 
 /// Time kept back from the shutdown deadline for the process to exit.
 const SHUTDOWN_RESERVE: Duration = Duration::from_millis(200);
-
-/// The longest a Lambda invocation can run (15 min): the bound of a watch whose event carried
-/// no deadline.
-const MAX_INVOCATION: Duration = Duration::from_secs(900);
 
 /// Handles one Extensions API event. True after SHUTDOWN was handled: the extension exits.
 pub async fn on_event(proxy: Arc<Proxy>, event: NextEvent) -> bool {
@@ -91,29 +85,6 @@ pub async fn check_enforced(proxy: Arc<Proxy>, id: String) {
     enforced(&proxy, &slot, &id, UNENFORCED_GRACE).await;
 }
 
-/// The crash watch of an event the proxy has just handed to a runtime process (Managed
-/// Instances): until the invocation is finished or its deadline, release its lock at once if
-/// that runtime process dies. The slot is left for the forget sweep, so a late `platform.start`
-/// still finds it seen.
-pub async fn watch_handed_over(
-    proxy: Arc<Proxy>,
-    id: String,
-    slot: Arc<Slot>,
-    deadline: Option<SystemTime>,
-) {
-    let left = deadline.map_or(MAX_INVOCATION, |d| {
-        d.duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO)
-    });
-    if !wait_done_or_runtime_exit(&proxy, &slot, &id, left).await {
-        tracing::warn!(
-            request_id = %id,
-            "invocation still unfinished past its deadline; its lock is released at \
-             shutdown or lapses at the deadline plus grace"
-        );
-    }
-}
-
 /// Watches one invocation until it is finished: reports it if it is unenforced, releases its
 /// lock if its runtime dies, and forgets it.
 async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
@@ -125,7 +96,7 @@ async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
     // At the deadline Lambda ends the invocation itself and resets the sandbox: stop
     // watching then; SHUTDOWN releases the lock. (A response sent at the last moment is
     // still released by the proxy.)
-    if wait_done_or_runtime_exit(&proxy, &slot, &id, left).await {
+    if proxy.watch_until_done(&slot, &id, left).await {
         proxy.invocations().remove(&id);
     } else {
         tracing::warn!(
@@ -133,54 +104,6 @@ async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
             "invocation still unfinished past its deadline; its lock is released at \
              shutdown or lapses at the deadline plus grace"
         );
-    }
-}
-
-/// How often a waiting INVOKE checks that the runtime process is still there.
-const RUNTIME_CHECK: Duration = Duration::from_millis(100);
-
-/// Waits until the invocation is finished, at most `limit`. If the runtime that got the event
-/// dies first, with every process it started (a crash: Lambda then resets the sandbox and kills
-/// us without a SHUTDOWN), releases the lock at once and counts the invocation as finished. A
-/// runtime that is not known is never taken for dead.
-async fn wait_done_or_runtime_exit(proxy: &Proxy, slot: &Slot, id: &str, limit: Duration) -> bool {
-    let end = tokio::time::Instant::now() + limit;
-    let mut tree = None;
-    loop {
-        let now = tokio::time::Instant::now();
-        if now >= end {
-            return false;
-        }
-        if slot.wait_done(RUNTIME_CHECK.min(end - now)).await {
-            return true;
-        }
-        // The proxy records the runtime when it hands the event over.
-        let Some(root) = slot.runtime() else {
-            continue;
-        };
-        let mut t = tree.take().unwrap_or_else(|| RuntimeTree::new(root));
-        let proc_root = proxy.proc_root().to_owned();
-        let Ok((t, alive)) = tokio::task::spawn_blocking(move || {
-            let alive = t.alive(&proc_root);
-            (t, alive)
-        })
-        .await
-        else {
-            continue;
-        };
-        tree = Some(t);
-        if !alive && !slot.is_done() {
-            tracing::warn!(
-                request_id = %id,
-                runtime_pid = root.pid,
-                "the runtime exited in the middle of the invocation (its whole process tree is \
-                 gone); releasing its lock now"
-            );
-            // A crash: the run failed, its tick stays for the retries.
-            proxy.release(slot, Run::Failed).await;
-            slot.mark_done();
-            return true;
-        }
     }
 }
 

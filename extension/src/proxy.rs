@@ -5,6 +5,7 @@
 //! runtime ── GET next ──► proxy ── GET next ──► upstream (Lambda)
 //!                           │ event: key from template, acquire within min(wait, deadline - margin)
 //!                           ├─ acquired ─► event to the runtime, byte for byte, every header
+//!                           │              (the client context gains the ticket: `context`)
 //!                           └─ busy ─────► POST response (skip) or error (FlightlockBusy) upstream,
 //!                                          then GET next again while the runtime keeps waiting
 //! runtime ── POST {id}/response|error ──► proxy ──► upstream (streamed, trailers kept)
@@ -57,6 +58,7 @@ use crate::runtime_api::{
 };
 use crate::runtime_process::{self, Proc};
 
+mod context;
 mod gate;
 mod handover;
 mod next;

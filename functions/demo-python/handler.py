@@ -9,6 +9,8 @@ The event selects a behaviour (all fields optional):
   {"mode": "crash"}            exit the process in the middle of the invocation
   {"mode": "timeout"}          sleep far past any function timeout
   {"mode": "big", "size": N}   answer a string of N bytes
+  {"mode": "context"}          answer the fencing token flightlock handed over and the whole
+                               client context: {"ticket": "42", "requestId": ..., "clientContext": ...}
   {"holdFile": PATH}           after starting, work until PATH exists (at most 120 s): a test
                                decides when the run ends, so nothing depends on timing
   {"firstMode": M, "firstMarker": PATH}
@@ -47,6 +49,22 @@ def _record(what, context, event):
         os.close(fd)
 
 
+def _lock_context(context):
+    cc = context.client_context
+    # The one line a handler needs: its fencing token, handed over by the flightlock layer.
+    ticket = cc.custom.get("flightlockTicket") if cc and cc.custom else None
+    client = None
+    if cc and cc.client is not None:
+        client = {name: getattr(cc.client, name) for name in cc.client.__slots__}
+    return {
+        "ticket": ticket,
+        "requestId": context.aws_request_id,
+        "clientContext": None
+        if cc is None
+        else {"custom": cc.custom, "env": cc.env, "client": client},
+    }
+
+
 def handler(event, context):
     event = event if isinstance(event, dict) else {}
     _record("start", context, event)
@@ -71,6 +89,9 @@ def handler(event, context):
     if mode == "error":
         _record("end", context, event)
         raise RuntimeError("demo failure requested by the event")
+    if mode == "context":
+        _record("end", context, event)
+        return _lock_context(context)
     if mode == "big":
         size = int(event.get("size", 0))
         body = (PATTERN * (size // len(PATTERN) + 1))[:size]

@@ -2,11 +2,14 @@
 //! it decided; releasing.
 
 use super::*;
+use crate::crash_watch::{self, WatchEnd};
+use flightlock::lambda::client_context::Handover;
 use flightlock::lambda::gate::{Outcome, Run};
 
 impl Proxy {
-    /// Takes the lock for one event. True: the runtime gets the event. False: the invocation
-    /// was answered here (skipped or failed) and is done.
+    /// Takes the lock for one event. `Some`: the runtime gets the event, and its handler this
+    /// (see [`super::context`]). `None`: the invocation was answered here (skipped or failed)
+    /// and is done.
     pub(super) async fn gate(
         &self,
         id: &str,
@@ -14,20 +17,21 @@ impl Proxy {
         deadline: Option<SystemTime>,
         event: &[u8],
         tenant: Option<&str>,
-    ) -> bool {
+    ) -> Option<Handover> {
         match self
             .current_gate()
             .decide(id, deadline, event, tenant)
             .await
         {
             Outcome::Acquired(held) => {
+                let handover = held.handover();
                 slot.hold(held);
-                true
+                Some(handover)
             }
             Outcome::Skipped(body) => {
                 self.answer(id, None, &body).await;
                 slot.mark_done();
-                false
+                None
             }
             Outcome::Failed {
                 error_type,
@@ -36,7 +40,7 @@ impl Proxy {
                 let body = flightlock::lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 slot.mark_done();
-                false
+                None
             }
         }
     }
@@ -47,6 +51,28 @@ impl Proxy {
         if let Some(held) = slot.take_held() {
             let _in_flight = Releasing::start(&self.releasing);
             self.current_gate().release(held, run).await;
+        }
+    }
+
+    /// Waits until the invocation of `slot` is finished, at most `limit` (see
+    /// [`crate::crash_watch`]). If the runtime that got the event dies first, with every
+    /// process it started, releases the lock at once (the run failed: its tick stays for the
+    /// retries) and counts the invocation as finished. False: `limit` passed first.
+    pub async fn watch_until_done(&self, slot: &Slot, id: &str, limit: Duration) -> bool {
+        match crash_watch::watch(&self.proc_root, slot, limit).await {
+            WatchEnd::Done => true,
+            WatchEnd::TimedOut => false,
+            WatchEnd::RuntimeGone { pid } => {
+                tracing::warn!(
+                    request_id = %id,
+                    runtime_pid = pid,
+                    "the runtime exited in the middle of the invocation (its whole process tree \
+                     is gone); releasing its lock now"
+                );
+                self.release(slot, Run::Failed).await;
+                slot.mark_done();
+                true
+            }
         }
     }
 

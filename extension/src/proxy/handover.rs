@@ -4,12 +4,14 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Response;
 
 use super::Proxy;
 use crate::body::ProxyBody;
+use crate::crash_watch::MAX_INVOCATION;
+use crate::invocations::Slot;
 use crate::runtime_api::{DEADLINE_HEADER, REQUEST_ID_HEADER};
 use crate::runtime_process::Proc;
 
@@ -74,11 +76,29 @@ impl Proxy {
             "runtime process of the connection"
         );
         slot.set_runtime(runtime);
-        tokio::spawn(crate::lifecycle::watch_handed_over(
-            self.clone(),
-            id,
-            slot,
-            deadline,
-        ));
+        tokio::spawn(watch_handed_over(self.clone(), id, slot, deadline));
+    }
+}
+
+/// The crash watch of an event the proxy has just handed to a runtime process (Managed
+/// Instances): until the invocation is finished or its deadline, release its lock at once if
+/// that runtime process dies. The slot is left for the forget sweep, so a late `platform.start`
+/// still finds it seen.
+async fn watch_handed_over(
+    proxy: Arc<Proxy>,
+    id: String,
+    slot: Arc<Slot>,
+    deadline: Option<SystemTime>,
+) {
+    let left = deadline.map_or(MAX_INVOCATION, |d| {
+        d.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    });
+    if !proxy.watch_until_done(&slot, &id, left).await {
+        tracing::warn!(
+            request_id = %id,
+            "invocation still unfinished past its deadline; its lock is released at \
+             shutdown or lapses at the deadline plus grace"
+        );
     }
 }

@@ -167,13 +167,16 @@ impl Proxy {
                 .get(TENANT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            if self
+            if let Some(handover) = self
                 .gate(&id, &slot, deadline, &event, tenant.as_deref())
-                .instrument(span)
+                .instrument(span.clone())
                 .await
             {
                 // Note which runtime receives the event, to notice if it dies mid-invocation.
                 slot.set_runtime(self.runtime_process().await);
+                // The one change to the event: the handler's client context gets its lock.
+                let mut rparts = rparts;
+                span.in_scope(|| super::context::hand_over(&mut rparts.headers, &handover));
                 return Ok(Response::from_parts(rparts, full(event)));
             }
         }

@@ -7,7 +7,9 @@
 //!   [`flightlock::lambda::FlightlockLayer`], configured by the same `FLIGHTLOCK_*` variables.
 //!
 //! The event selects a behaviour, like the Python demo: `{"sleepMs": 500}`, `{"mode": "error"}`,
-//! `{"mode": "crash"}`, `{"mode": "timeout"}`, `{"mode": "big", "size": N}`. With
+//! `{"mode": "crash"}`, `{"mode": "timeout"}`, `{"mode": "big", "size": N}`; `{"mode": "context"}`
+//! answers the fencing token the lock handed over (`flightlock::lambda::ticket`) and the client
+//! context. With
 //! `DEMO_RECORD_FILE` set, one JSON line per handler start and end is appended to that file.
 
 use std::collections::HashMap;
@@ -58,6 +60,16 @@ async fn job(event: LambdaEvent<Value>) -> Result<Value, Error> {
         "error" => {
             record("end", &ctx.request_id, &payload);
             return Err("demo failure requested by the event".into());
+        }
+        "context" => {
+            // The handler's fencing token: behind the extension or the in-process layer alike.
+            let ticket = flightlock::lambda::ticket(&ctx);
+            record("end", &ctx.request_id, &payload);
+            return Ok(json!({
+                "ticket": ticket.map(|t| t.to_string()),
+                "requestId": ctx.request_id,
+                "clientContext": ctx.client_context,
+            }));
         }
         "big" => {
             let size = payload.get("size").and_then(Value::as_u64).unwrap_or(0) as usize;

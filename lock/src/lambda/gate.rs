@@ -33,6 +33,7 @@ use super::body::{
     redact_aws_ids, skipped_body, SkipReason, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
     TICK_ERROR_TYPE,
 };
+use super::client_context::Handover;
 use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
 use super::metrics::{Metric, Metrics};
 use super::tick::age;
@@ -51,6 +52,7 @@ pub struct Held {
     watcher: tokio::task::JoinHandle<()>,
     deadline: Option<SystemTime>,
     tick: Option<Tick>,
+    waited_ms: u64,
 }
 
 impl Held {
@@ -62,6 +64,16 @@ impl Held {
     /// The invocation's tick, if it has one.
     pub fn tick(&self) -> Option<&Tick> {
         self.tick.as_ref()
+    }
+
+    /// What the handler is told about its lock (see [`crate::lambda::client_context`]).
+    pub fn handover(&self) -> Handover {
+        Handover {
+            ticket: self.guard.token(),
+            key: self.guard.key().to_owned(),
+            waited_ms: self.waited_ms,
+            tick: self.tick.as_ref().map(Tick::to_string),
+        }
     }
 }
 
@@ -235,6 +247,7 @@ impl Gate {
                     watcher,
                     deadline,
                     tick,
+                    waited_ms: waited_ms as u64,
                 })
             }
             Err(e @ Error::TickDone { .. }) => {
@@ -345,6 +358,7 @@ impl Gate {
             watcher,
             deadline,
             tick,
+            waited_ms: _,
         } = held;
         watcher.abort();
         let failures = guard.heartbeat_failures();

@@ -43,6 +43,11 @@
 //! new host id; clones share the renewed gate. Owner ids and record versions need nothing: they
 //! are drawn from the OS at each use ([`crate::clock`]).
 //!
+//! **The handler's ticket.** Before the handler runs, the layer puts the fencing token, the key,
+//! the time waited and the tick into the event's client context (`custom`, names starting with
+//! `flightlock`; [`crate::lambda::client_context`]), as the extension does for other runtimes;
+//! [`ticket`] reads the token back.
+//!
 //! **Tenant isolation.** `{tenant}` in the key template is filled from the context's
 //! `tenant_id` (`lambda_runtime` reads it from the `Lambda-Runtime-Aws-Tenant-Id` header).
 
@@ -53,14 +58,36 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use lambda_runtime::tower::{Layer, Service};
-use lambda_runtime::{BoxFuture, Diagnostic, LambdaEvent, SnapStartResource};
+use lambda_runtime::{
+    BoxFuture, Context as LambdaContext, Diagnostic, LambdaEvent, SnapStartResource,
+};
 use serde::Serialize;
 use tracing::Instrument;
 
 use crate::lambda::body::KEY_ERROR_TYPE;
+use crate::lambda::client_context::TICKET;
 use crate::lambda::config::{Config, ConfigError};
 use crate::lambda::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::Locker;
+
+/// The fencing token the layer handed to this invocation's handler: `flightlockTicket` in the
+/// client context's `custom` (see [`crate::lambda::client_context`] for the other entries).
+/// `None` for a handler not behind the layer.
+///
+/// ```no_run
+/// # async fn job(event: lambda_runtime::LambdaEvent<serde_json::Value>) {
+/// let token = flightlock::lambda::ticket(&event.context);
+/// # }
+/// ```
+pub fn ticket(context: &LambdaContext) -> Option<u64> {
+    context
+        .client_context
+        .as_ref()?
+        .custom
+        .get(TICKET)?
+        .parse()
+        .ok()
+}
 
 /// What the wrapped handler answers: its own response, or the skip body.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -214,6 +241,17 @@ where
                     .await
                 {
                     Outcome::Acquired(held) => {
+                        // The handler learns its ticket, key, wait and tick as a handler
+                        // behind the extension does: in the client context's `custom`.
+                        // (`lambda_runtime` does not export the client context's type: an
+                        // empty one is made by parsing, typed by the field.)
+                        let mut event = event;
+                        if event.context.client_context.is_none() {
+                            event.context.client_context = serde_json::from_str("{}").ok();
+                        }
+                        if let Some(context) = event.context.client_context.as_mut() {
+                            held.handover().apply(&mut context.custom);
+                        }
                         let result: Result<R, Diagnostic> =
                             inner.call(event).await.map_err(Into::into);
                         // Only a handler that answered `Ok` marks the invocation's tick done.

@@ -4,6 +4,8 @@
 //! - [`config`]: the `FLIGHTLOCK_*` variables, parsed from an injected map.
 //! - [`key`]: the key templates ([`key::KeyTemplate`]): a lock key rendered from the event and
 //!   the tenant id.
+//! - [`client_context`]: what the handler learns about its lock (ticket, key, wait, tick),
+//!   merged into the invocation's client context.
 //! - [`body`]: the error types and the error / skip bodies an invocation is answered with.
 //! - [`tick`]: the invocation's tick (`FLIGHTLOCK_TICK`: an EventBridge scheduled event's
 //!   `time` by default, or a template), and the stale bound (`FLIGHTLOCK_STALE_AFTER`).
@@ -15,6 +17,7 @@
 //!   `lambda_runtime`.
 
 pub mod body;
+pub mod client_context;
 pub mod config;
 pub mod gate;
 pub mod key;

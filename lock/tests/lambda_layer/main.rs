@@ -20,6 +20,7 @@ use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
+mod handover;
 mod ticks;
 
 /// What the handler saw: how many ran, how many ran at once, and the order of the events.

@@ -4,6 +4,8 @@
 //   {"seq": N, "sleepMs": MS}   work for MS ms, answer {"ok":true,...}
 //   {"mode": "error"}           throw (an invocation error)
 //   {"mode": "crash"}           exit the process in the middle of the invocation
+//   {"mode": "context"}         answer the fencing token flightlock handed over and the whole
+//                               client context: {"ticket":"42","requestId":...,"clientContext":...}
 import { appendFileSync } from "node:fs";
 
 function record(what, context, event) {
@@ -22,6 +24,11 @@ export const handler = async (event, context) => {
   await new Promise((resolve) => setTimeout(resolve, event?.sleepMs ?? 0));
   if (event?.mode === "crash") process.exit(3);
   record("end", context, event);
+  if (event?.mode === "context") {
+    // The one line a handler needs: its fencing token, handed over by the flightlock layer.
+    const ticket = context.clientContext?.custom?.flightlockTicket ?? null;
+    return { ticket, requestId: context.awsRequestId, clientContext: context.clientContext ?? null };
+  }
   if (event?.mode === "error") throw new Error("demo failure requested by the event");
   return { ok: true, requestId: context.awsRequestId, seq: event?.seq ?? null };
 };

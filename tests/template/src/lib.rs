@@ -9,6 +9,8 @@
 //!   `Update`/`Put`/`Delete`/`ConditionCheck` actions, which is how IAM authorises a
 //!   transaction), on the table only;
 //! - every alarm watches a metric the code emits;
+//! - the dashboard reads only metrics the code emits, with the dimensions they are emitted with
+//!   ([`dashboard`]);
 //! - every `FLIGHTLOCK_*` variable the template sets is one the code reads;
 //! - layers and functions carry the build metadata `sam build` needs, and their code exists;
 //! - `scripts/check-template` (cfn-lint, `sam validate --lint`, `sam validate`) passes.
@@ -280,6 +282,7 @@ pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
     Ok((namespace.to_owned(), metric.to_owned()))
 }
 
+pub mod dashboard;
 #[cfg(test)]
 mod docs;
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod client_context;
 mod curl_runtime;
 mod deadline;
 mod extension;
