@@ -138,6 +138,7 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
             key,
             last: rng.random_range(0..=5),
             owner: owner.to_owned(),
+            protocol: crate::PROTOCOL,
         },
         8 => {
             let row = crate::schema::Snapshot::from_items(&key, &model.partition(&key))
@@ -219,6 +220,63 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
     }
 }
 
+/// A key that a newer protocol runs: its counter is created at `PROTOCOL + 1`, as a newer build
+/// would create it, and a share of the requests is sent to it as well ([`retarget`]).
+const NEWER_KEY: &str = "k-newer";
+
+/// `req` aimed at [`NEWER_KEY`] (a scan has no key: `None`). An enqueue expects the newer key's
+/// counter as it stands, so that only its protocol can refuse it.
+fn retarget(req: &Request, model: &Table) -> Option<Request> {
+    let key = NEWER_KEY.to_owned();
+    let mut r = req.clone();
+    match &mut r {
+        Request::Scan(_) => return None,
+        Request::Query { key: k, start, .. } => {
+            *k = key;
+            *start = None;
+        }
+        Request::Enqueue(e) => {
+            e.key = key.clone();
+            e.row
+                .insert(crate::schema::PK.to_owned(), AttributeValue::S(key));
+            e.token = format!("{}-newer", e.token);
+            let counter = model.partition(NEWER_KEY).into_iter().find(|i| {
+                matches!(i.get(crate::schema::SK), Some(AttributeValue::S(sk)) if sk == crate::schema::COUNTER_SK)
+            });
+            if let Some(c) = counter {
+                let text = |name: &str| c.get(name).and_then(|v| v.as_s().ok()).cloned();
+                let last = c.get(crate::schema::LAST).and_then(|v| v.as_n().ok());
+                e.counter = crate::schema::Counter {
+                    last: last.and_then(|l| l.parse().ok()).unwrap_or(0),
+                    owner: text(crate::schema::LAST_OWNER),
+                    tick_done: None,
+                    tick_newest: None,
+                };
+            }
+        }
+        Request::Heartbeat(b) => b.key = key,
+        Request::SweepDead(d) => d.key = key,
+        Request::DeleteStale { key: k, .. }
+        | Request::DeleteOwned { key: k, .. }
+        | Request::MarkDone { key: k, .. }
+        | Request::TickRecorded { key: k, .. }
+        | Request::RecordTick { key: k, .. }
+        | Request::CreateCounter { key: k, .. } => *k = key,
+    }
+    Some(r)
+}
+
+/// Whether a request is aimed at the counter's seat.
+fn seat_of(req: &Request) -> bool {
+    match req {
+        Request::Enqueue(r) => r.seat,
+        Request::Heartbeat(beat) => beat.seat,
+        Request::DeleteStale { seat, .. } | Request::DeleteOwned { seat, .. } => *seat,
+        Request::SweepDead(d) => d.seat,
+        _ => false,
+    }
+}
+
 /// What is compared: protocol outcomes exactly; pages as their items in order; failures by
 /// kind and, for fatal ones, by the service's error code.
 fn normalize(result: &Result<Response, Failure>) -> String {
@@ -232,6 +290,9 @@ fn normalize(result: &Result<Response, Failure>) -> String {
         }
         Ok(other) => format!("{other:?}"),
         Err(Failure::Retry { .. }) => "retry".into(),
+        Err(Failure::Fatal(crate::Error::ProtocolTooNew { table, .. })) => {
+            format!("fatal ProtocolTooNew {table}")
+        }
         Err(Failure::Fatal(e)) => {
             let text = e.to_string();
             let code = text
@@ -302,11 +363,45 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
     let mut model = Table::new(Instant::now(), 0);
     let run: u32 = rand::random();
     let mut kinds = BTreeMap::<String, u32>::new();
+    let newer = Request::CreateCounter {
+        key: NEWER_KEY.into(),
+        last: 3,
+        owner: "owner-newer".into(),
+        protocol: crate::PROTOCOL + 1,
+    };
+    let created = (
+        normalize(&dynamo.call(newer.clone()).await),
+        normalize(&model.apply(&newer, Instant::now())),
+    );
+    if created.0 != created.1 {
+        return Err(format!("creating the newer key: {created:?}"));
+    }
     for seed in 0..seeds {
         let mut rng = StdRng::seed_from_u64(seed);
+        // A stream of its own, so the requests of the other keys stay what they were.
+        let mut aim = StdRng::seed_from_u64(seed.wrapping_add(0x5eed_0000));
         let mut sent = Vec::new();
         for step in 0..150 {
             let req = request(&mut rng, &mut sent, run, &model);
+            if aim.random_bool(0.3) {
+                if let Some(again) = retarget(&req, &model) {
+                    let real = normalize(&dynamo.call(again.clone()).await);
+                    let modeled = normalize(&model.apply(&again, Instant::now()));
+                    if real != modeled {
+                        return Err(format!(
+                            "seed {seed} step {step} (newer key): {again:?}\n DynamoDB Local: \
+                             {real}\n model: {modeled}"
+                        ));
+                    }
+                    let label: String = modeled.chars().take(26).collect();
+                    let label = if seat_of(&again) {
+                        format!("seat newer {label}")
+                    } else {
+                        format!("newer {label}")
+                    };
+                    *kinds.entry(label).or_default() += 1;
+                }
+            }
             let (a, b) = if let Request::Scan(r) = &req {
                 (
                     scan_all(r, async |q| dynamo.call(q).await).await,
@@ -322,13 +417,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
                     "seed {seed} step {step}: {req:?}\n DynamoDB Local: {a}\n model: {b}"
                 ));
             }
-            let seat = match &req {
-                Request::Enqueue(r) => r.seat,
-                Request::Heartbeat(beat) => beat.seat,
-                Request::DeleteStale { seat, .. } | Request::DeleteOwned { seat, .. } => *seat,
-                Request::SweepDead(d) => d.seat,
-                _ => false,
-            };
+            let seat = seat_of(&req);
             let label: String = b.chars().take(24).collect();
             let label = match &req {
                 Request::SweepDead(_) => format!("sweep {label}"),
@@ -339,7 +428,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
             let label = if seat { format!("seat {label}") } else { label };
             *kinds.entry(label).or_default() += 1;
         }
-        for key in ["k0", "k1"] {
+        for key in ["k0", "k1", NEWER_KEY] {
             let real = dynamo
                 .call(Request::Query {
                     key: key.into(),
@@ -430,6 +519,10 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "seat sweep StaleDelete(Revived)",
         "Scanned items",
         "Scanned nothing",
+        // The newer protocol's key: every write to its counter refused, its reads alike.
+        "newer fatal ProtocolTooNew",
+        "seat newer fatal ProtocolTooNew",
+        "newer page",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),
@@ -451,6 +544,7 @@ async fn a_broken_request_condition_in_store_is_caught() {
         Mutant::StoreEnqueueIgnoresWatermark,
         Mutant::StoreMarkBackwards,
         Mutant::StoreSweepWithoutRvn,
+        Mutant::StoreSeatIgnoresProtocol,
     ] {
         let planted = plant(Some(m));
         let found = compare(8).await;

@@ -136,8 +136,13 @@ impl Storage for Dynamo {
                     .record_tick(&key, &id, expires_at)
                     .await
                     .map(Response::Recorded),
-                Request::CreateCounter { key, last, owner } => this
-                    .create_counter(&key, last, &owner)
+                Request::CreateCounter {
+                    key,
+                    last,
+                    owner,
+                    protocol,
+                } => this
+                    .create_counter(&key, last, &owner, protocol)
                     .await
                     .map(Response::Created),
             }
@@ -211,15 +216,21 @@ impl Dynamo {
         })
     }
 
-    /// Puts a key's counter if it has none.
-    async fn create_counter(&self, key: &str, last: u64, owner: &str) -> Result<bool, Failure> {
+    /// Puts a key's counter at `protocol` if it has none.
+    async fn create_counter(
+        &self,
+        key: &str,
+        last: u64,
+        owner: &str,
+        protocol: u32,
+    ) -> Result<bool, Failure> {
         let mut item = counter_key(key);
         item.insert(schema::LAST.into(), n(last));
         item.insert(
             schema::LAST_OWNER.into(),
             s(&schema::last_owner(owner, last)),
         );
-        item.insert(schema::PROTOCOL_ATTR.into(), n(crate::protocol::PROTOCOL));
+        item.insert(schema::PROTOCOL_ATTR.into(), n(protocol));
         self.put_new(item).await
     }
 

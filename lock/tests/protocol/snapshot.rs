@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::Client;
 use flightlock::schema::seed;
-use flightlock::{LockOptions, Locker, Sweeper, SweepOptions, Tick, Wait, PROTOCOL};
+use flightlock::{LockOptions, Locker, SweepOptions, Sweeper, Tick, Wait, PROTOCOL};
 use serde_json::Value;
 
 use crate::common::*;

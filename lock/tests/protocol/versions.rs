@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use flightlock::lambda::config::Config;
 use flightlock::lambda::gate::{Gate, Outcome};
 use flightlock::schema::seed;
-use flightlock::{Error, LockOptions, Sweeper, SweepOptions, Wait, PROTOCOL};
+use flightlock::{Error, LockOptions, SweepOptions, Sweeper, Wait, PROTOCOL};
 
 use crate::cli::cli;
 use crate::common::*;
@@ -75,7 +75,10 @@ async fn items(env: &Env, key: &str) -> BTreeMap<String, BTreeMap<String, String
         .into_iter()
         .map(|item| {
             let sk = item["sk"].as_s().unwrap().clone();
-            let attrs = item.into_iter().map(|(k, v)| (k, format!("{v:?}"))).collect();
+            let attrs = item
+                .into_iter()
+                .map(|(k, v)| (k, format!("{v:?}")))
+                .collect();
             (sk, attrs)
         })
         .collect()
@@ -157,7 +160,11 @@ async fn the_library_is_refused_in_every_wait_mode_and_writes_nothing() {
         let err = locker.acquire("k", &opts).await.unwrap_err();
         assert!(is_too_new(&err), "{err}");
     }
-    assert_eq!(items(&env, "k").await, before, "the library wrote to the key");
+    assert_eq!(
+        items(&env, "k").await,
+        before,
+        "the library wrote to the key"
+    );
 }
 
 /// A locker that released the key itself takes the seat again without reading (its hint): the
@@ -252,7 +259,11 @@ async fn the_gate_fails_the_invocation_even_when_busy_means_skip() {
             other => panic!("on busy {on_busy}: expected a failed invocation, got {other:?}"),
         }
     }
-    assert_eq!(items(&env, "job").await, before, "the gate wrote to the key");
+    assert_eq!(
+        items(&env, "job").await,
+        before,
+        "the gate wrote to the key"
+    );
 }
 
 #[tokio::test]
@@ -281,7 +292,10 @@ async fn the_sweeper_leaves_a_key_on_a_newer_protocol_alone_and_reports_it() {
         .unwrap();
     // A key of this protocol with a dead row: the sweep still does its work there.
     let dead = now_ms() - 3_600_000;
-    for item in [seed::counter("old", 3), seed::row("old", 3, "gone", "r3", dead)] {
+    for item in [
+        seed::counter("old", 3),
+        seed::row("old", 3, "gone", "r3", dead),
+    ] {
         env.client
             .put_item()
             .table_name(&env.table)
@@ -297,6 +311,14 @@ async fn the_sweeper_leaves_a_key_on_a_newer_protocol_alone_and_reports_it() {
     assert_eq!(summary.newer_protocol, 2, "{summary:#?}");
     assert_eq!(summary.newer_protocol_keys, ["new"], "{summary:#?}");
     assert_eq!(summary.errors, 0, "{summary:#?}");
-    assert_eq!(items(&env, "new").await, before, "the sweeper wrote to the key");
-    assert_eq!(items(&env, "old").await.len(), 1, "the old key's dead row stays");
+    assert_eq!(
+        items(&env, "new").await,
+        before,
+        "the sweeper wrote to the key"
+    );
+    assert_eq!(
+        items(&env, "old").await.len(),
+        1,
+        "the old key's dead row stays"
+    );
 }

@@ -109,17 +109,19 @@ impl Table {
                 self.put(item, now);
                 Ok(Response::Renewal(Renewal::Renewed))
             }
-            Request::CreateCounter { key, last, owner } => {
+            Request::CreateCounter {
+                key,
+                last,
+                owner,
+                protocol,
+            } => {
                 if self.get(key, COUNTER_SK).is_some() {
                     return Ok(Response::Created(false));
                 }
                 let by = schema::last_owner(owner, *last);
                 self.set_counter(key, *last, Some(&by), now);
                 if let Some(mut counter) = self.get(key, COUNTER_SK).cloned() {
-                    counter.insert(
-                        schema::PROTOCOL_ATTR.into(),
-                        schema::n(crate::protocol::PROTOCOL),
-                    );
+                    counter.insert(schema::PROTOCOL_ATTR.into(), schema::n(*protocol));
                     self.put(counter, now);
                 }
                 Ok(Response::Created(true))

@@ -198,7 +198,7 @@ fn counter_condition(r: &EnqueueRequest) -> String {
 fn protocol_condition(seat: bool) -> &'static str {
     #[cfg(test)]
     if seat && crate::mutant::on(crate::mutant::Mutant::StoreSeatIgnoresProtocol) {
-        return "(attribute_not_exists(#proto) OR #proto = #proto OR :speaks = :speaks)";
+        return "(attribute_not_exists(#proto) OR #proto <= :speaks OR #proto > :speaks)";
     }
     let _ = seat;
     crate::protocol::CONDITION
