@@ -321,11 +321,15 @@ impl Snapshot {
 impl QueueRow {
     /// The queue entry an item of a key's partition holds: a queue row, the counter's seat, or
     /// nothing (a counter with an empty seat; an item of another sort key, which is not ours: a
-    /// user may share the table).
+    /// user may share the table). An entry written under a newer protocol than this build
+    /// speaks is [`Error::ProtocolTooNew`].
     pub fn entry(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Option<Self>, Error> {
         let sk = get_s(key, item, SK)?;
         let ours = sk.starts_with(QUEUE_PREFIX) || (sk == COUNTER_SK && item.contains_key(OWNER));
         if ours {
+            // From protocol 2 on every row carries the protocol it was written under (a seat's
+            // is its counter's): one this build does not speak is not judged, fail closed.
+            crate::protocol::check(key, Some(item))?;
             QueueRow::from_item(key, item).map(Some)
         } else {
             Ok(None)
