@@ -347,5 +347,9 @@ async fn a_row_of_a_newer_protocol_is_not_judged() {
     };
     let err = env.locker().await.acquire("k", &opts).await.unwrap_err();
     assert!(is_too_new(&err), "{err}");
-    assert_eq!(items(&env, "k").await, before, "the stale-looking row was touched");
+    assert_eq!(
+        items(&env, "k").await,
+        before,
+        "the stale-looking row was touched"
+    );
 }
