@@ -66,6 +66,9 @@ pub(crate) enum Mutant {
     /// ignored by one request), so a build that does not speak the key's protocol takes a seat
     /// it cannot read.
     StoreSeatIgnoresProtocol,
+    /// `locker/wait.rs`: a waiter's look ignores the version of the counter it reads, so at the
+    /// bottom of the queue of a switched key it sees no holder it knows and is granted.
+    LookIgnoresProtocol,
 }
 
 thread_local! {
