@@ -1,5 +1,6 @@
-//! Two protocol versions on one key through an upgrade (issue 25): old only, mixed, switched,
-//! with lost answers, refusals, delays and crashes, on simulated time.
+//! Two protocol versions on one key through an upgrade (issue 25): old only, mixed, switched and
+//! new only (the key stays switched after the next protocol's holder leaves), with lost answers,
+//! refusals, delays and crashes, on simulated time.
 //!
 //! Protocol 1 participants are real [`Locker`]s over the model ([`super::model::Table`]) behind a
 //! faulty storage. The next protocol is a test-only one, [`NEXT`]: protocol 1's items, but the
