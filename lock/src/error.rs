@@ -170,6 +170,23 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// The key's counter says it runs a newer protocol than this build speaks (see
+    /// [`crate::PROTOCOL`]): the table was switched by newer participants. Refused without being
+    /// granted and without removing anything but our own waiting entry; upgrade this
+    /// participant.
+    #[error(
+        "lock `{key}` runs flightlock protocol {table}, but this build speaks protocol {speaks} \
+         at most: it was refused, not granted. Upgrade this participant to a release that speaks \
+         protocol {table} (see the upgrade guide: {guide})", guide = crate::protocol::UPGRADE_GUIDE
+    )]
+    ProtocolTooNew {
+        /// Lock key.
+        key: String,
+        /// The protocol the key's counter carries.
+        table: u32,
+        /// The highest protocol this build speaks ([`crate::PROTOCOL`]).
+        speaks: u32,
+    },
     /// Any other DynamoDB failure, after retries.
     #[error("dynamodb:{operation} failed: {source}")]
     Dynamo {
@@ -217,6 +234,11 @@ impl Error {
     /// True for [`Error::Busy`]: the key was held for the whole wait.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
+    }
+
+    /// True for [`Error::ProtocolTooNew`]: the key runs a newer protocol than this build.
+    pub fn is_protocol_too_new(&self) -> bool {
+        matches!(self, Error::ProtocolTooNew { .. })
     }
 }
 

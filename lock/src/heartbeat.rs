@@ -39,6 +39,9 @@ pub enum LostReason {
     /// The row was deleted or taken over by someone else (passed over as dead, swept, deleted by
     /// hand).
     RowGone,
+    /// The key was switched to a newer protocol than this build speaks (see
+    /// [`crate::PROTOCOL`]): its seat can no longer be renewed by this build.
+    ProtocolTooNew,
 }
 
 impl std::fmt::Display for LostReason {
@@ -46,6 +49,9 @@ impl std::fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::LeaseExpired => "no heartbeat could be confirmed before the lease ran out",
             LostReason::RowGone => "the lock row was removed or taken over by someone else",
+            LostReason::ProtocolTooNew => {
+                "the key was switched to a newer flightlock protocol than this build speaks"
+            }
         })
     }
 }
@@ -400,6 +406,10 @@ impl Heartbeat {
                     operation: "UpdateItem",
                     source: "the row already carries a later lease than this heartbeat".into(),
                 },
+                // The key now runs a protocol we do not speak: nothing more is written.
+                Err(Failure::Fatal(crate::error::Error::ProtocolTooNew { .. })) => {
+                    return self.lost(LostReason::ProtocolTooNew)
+                }
                 Err(f) => f,
             };
             failures += 1;

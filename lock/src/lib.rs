@@ -36,6 +36,7 @@
 //! | `guard` | [`LockGuard`]: token, lost signal, release |
 //! | `status` | inspecting a key's queue ([`QueueEntry`]) |
 //! | `holder` | [`HolderInfo`]: who holds or waits, for people |
+//! | `protocol` | the protocol's version on the table: [`PROTOCOL`], the condition and the check every participant makes |
 //! | `table` | creating and checking the table |
 //! | `tick` | once per tick: [`Tick`], the watermark and the per-id record, the crash window |
 //! | `done` | marking a tick done at [`LockGuard::release_done`]; the id check once the key is held |
@@ -75,6 +76,7 @@ mod memory;
 #[cfg(test)]
 mod mutant;
 pub mod options;
+pub mod protocol;
 mod retry;
 pub mod schema;
 #[cfg(test)]
@@ -92,6 +94,7 @@ pub use heartbeat::LostReason;
 pub use holder::HolderInfo;
 pub use locker::Locker;
 pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
+pub use protocol::PROTOCOL;
 pub use status::{EntryState, QueueEntry};
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};
 pub use tick::Tick;

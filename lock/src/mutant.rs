@@ -62,6 +62,13 @@ pub(crate) enum Mutant {
     /// `storage/dynamo/removal.rs`: the sweep's row `DeleteItem` loses the `rvn` term of its
     /// condition (the owner and the cutoff remain).
     StoreSweepWithoutRvn,
+    /// `storage/dynamo/enqueue.rs`: the seat's take loses its protocol term (the version
+    /// ignored by one request), so a build that does not speak the key's protocol takes a seat
+    /// it cannot read.
+    StoreSeatIgnoresProtocol,
+    /// `locker/wait.rs`: a waiter's look ignores the version of the counter it reads, so at the
+    /// bottom of the queue of a switched key it sees no holder it knows and is granted.
+    LookIgnoresProtocol,
 }
 
 thread_local! {

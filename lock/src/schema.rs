@@ -51,6 +51,10 @@ pub const LAST: &str = "last";
 /// changed by hand, so its `last` is not trusted without a full read.
 pub const LAST_OWNER: &str = "lastOwner";
 
+/// Counter attribute: the protocol version the key runs (N; absent means 1). Written at the
+/// counter's creation; every write that touches the counter is conditioned on it not being newer
+/// than the writer speaks, and every read of the counter checks it (see [`crate::protocol`]).
+pub const PROTOCOL_ATTR: &str = "protocol";
 /// The `lastOwner` value of a counter moved to `ticket` by `owner`.
 pub fn last_owner(owner: &str, ticket: u64) -> String {
     format!("{owner}:{ticket}")
@@ -284,6 +288,9 @@ pub struct Snapshot {
     pub counter: Option<Counter>,
     /// Queue rows, in ticket order.
     pub rows: Vec<QueueRow>,
+    /// The protocol the key runs, from its counter (1 without a counter, or without the
+    /// attribute). Never newer than [`crate::PROTOCOL`]: a newer one is an error.
+    pub protocol: u32,
 }
 
 impl Snapshot {
@@ -292,11 +299,15 @@ impl Snapshot {
         key: &str,
         items: impl IntoIterator<Item = &'a HashMap<String, AttributeValue>>,
     ) -> Result<Snapshot, Error> {
-        let mut snap = Snapshot::default();
+        let mut snap = Snapshot {
+            protocol: 1,
+            ..Snapshot::default()
+        };
         for item in items {
             let sk = get_s(key, item, SK)?;
             if sk == COUNTER_SK {
                 snap.counter = Some(Counter::from_item(key, item)?);
+                snap.protocol = crate::protocol::of(item);
             }
             if let Some(entry) = QueueRow::entry(key, item)? {
                 snap.rows.push(entry);
@@ -310,11 +321,15 @@ impl Snapshot {
 impl QueueRow {
     /// The queue entry an item of a key's partition holds: a queue row, the counter's seat, or
     /// nothing (a counter with an empty seat; an item of another sort key, which is not ours: a
-    /// user may share the table).
+    /// user may share the table). An entry written under a newer protocol than this build
+    /// speaks is [`Error::ProtocolTooNew`].
     pub fn entry(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Option<Self>, Error> {
         let sk = get_s(key, item, SK)?;
         let ours = sk.starts_with(QUEUE_PREFIX) || (sk == COUNTER_SK && item.contains_key(OWNER));
         if ours {
+            // From protocol 2 on every row carries the protocol it was written under (a seat's
+            // is its counter's): one this build does not speak is not judged, fail closed.
+            crate::protocol::check(key, Some(item))?;
             QueueRow::from_item(key, item).map(Some)
         } else {
             Ok(None)

@@ -107,6 +107,7 @@ mod tests {
                 tick_newest: None,
             }),
             rows: vec![row(1, 500), row(2, 5_000), row(3, 5_000), row(4, 1_900)],
+            protocol: 1,
         };
         let entries = QueueEntry::classify(snap, 2_000, Duration::from_millis(200));
         let states: Vec<_> = entries.iter().map(|e| e.state).collect();

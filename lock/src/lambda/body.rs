@@ -14,6 +14,10 @@ pub const KEY_ERROR_TYPE: &str = "FlightlockKeyError";
 pub const TICK_ERROR_TYPE: &str = "FlightlockTickError";
 /// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
 pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
+/// `errorType` when the key runs a newer flightlock protocol than this layer speaks (see
+/// [`crate::PROTOCOL`]): the invocation fails whatever `FLIGHTLOCK_ON_BUSY` says, so Lambda's
+/// retries apply once every participant is upgraded. Never a skip.
+pub const PROTOCOL_ERROR_TYPE: &str = "FlightlockProtocolTooNew";
 /// `errorType` when the extension could not read an event from the Runtime API: the invocation
 /// is failed rather than handed to the runtime unlocked or incomplete.
 pub const EVENT_ERROR_TYPE: &str = "FlightlockEventError";

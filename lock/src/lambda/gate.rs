@@ -11,6 +11,7 @@
 //!                                                  ├─ tick done ─────► Skipped(duplicate)
 //!                                                  ├─ superseded ────► Skipped(superseded)
 //!                                                  ├─ busy ──────────► Skipped(busy) | Failed(FlightlockBusy)
+//!                                                  ├─ newer protocol ► Failed(FlightlockProtocolTooNew), never skipped
 //!                                                  └─ error / late ──► Failed(FlightlockLockError)
 //! ```
 //!
@@ -31,7 +32,7 @@ use tracing::Instrument;
 
 use super::body::{
     redact_aws_ids, skipped_body, SkipReason, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-    TICK_ERROR_TYPE,
+    PROTOCOL_ERROR_TYPE, TICK_ERROR_TYPE,
 };
 use super::client_context::Handover;
 use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
@@ -309,6 +310,13 @@ impl Gate {
                         failed(BUSY_ERROR_TYPE, &e.to_string())
                     }
                 }
+            }
+            Err(e @ Error::ProtocolTooNew { .. }) => {
+                // Whatever FLIGHTLOCK_ON_BUSY says: a skip would answer success for a run that
+                // never happened; failing lets Lambda's retries run it once upgraded.
+                tracing::error!(error = %e, "the key runs a newer protocol than this layer speaks; failing the invocation");
+                self.metrics.count(Metric::LockErrors);
+                failed(PROTOCOL_ERROR_TYPE, &redact_aws_ids(&e.to_string()))
             }
             Err(e) => {
                 // A table that is not a flightlock table fails with a bare ValidationException:

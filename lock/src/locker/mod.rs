@@ -289,6 +289,16 @@ impl Locker {
     /// The queue of `key` as it stands, judged by our wall clock with `skew` (clock-free mode
     /// cannot judge from one read; it is shown as bounded by zero skew).
     pub async fn queue(&self, key: &str, skew: ClockSkew) -> Result<Vec<QueueEntry>, Error> {
+        Ok(self.queue_and_protocol(key, skew).await?.0)
+    }
+
+    /// [`Locker::queue`], and the protocol version the key runs (from its counter; 1 without
+    /// one). A key on a newer protocol than this build speaks is [`Error::ProtocolTooNew`].
+    pub async fn queue_and_protocol(
+        &self,
+        key: &str,
+        skew: ClockSkew,
+    ) -> Result<(Vec<QueueEntry>, u32), Error> {
         validate_key(key)?;
         let snap = self
             .read_with_retry(key, self.clock.now() + MIN_RETRY_BUDGET)
@@ -297,7 +307,11 @@ impl Locker {
             ClockSkew::Bounded(d) => d,
             ClockSkew::Unbounded => Duration::ZERO,
         };
-        Ok(QueueEntry::classify(snap, self.clock.wall_ms(), skew))
+        let protocol = snap.protocol;
+        Ok((
+            QueueEntry::classify(snap, self.clock.wall_ms(), skew),
+            protocol,
+        ))
     }
 
     /// The current holder of `key` (the first live row), if any: one strongly consistent read.

@@ -60,8 +60,12 @@ impl Counter {
         }
     }
 
-    /// Decodes a counter item, naming the field that is wrong.
+    /// Decodes a counter item, naming the field that is wrong. A counter that says its key runs
+    /// a newer protocol than this build speaks is [`Error::ProtocolTooNew`]: every read of the
+    /// counter goes through here, so nobody acts on a key it cannot read (see
+    /// [`crate::protocol`]).
     pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Counter, Error> {
+        crate::protocol::check(key, Some(item))?;
         Ok(Counter {
             last: get_u64(key, item, LAST)?,
             owner: match item.get(LAST_OWNER) {

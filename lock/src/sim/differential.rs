@@ -21,6 +21,9 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::model::Table;
+use newer::{retarget, seat_of, NEWER_KEY};
+
+mod newer;
 use crate::schema::{HolderInfo, NewRow};
 use crate::storage::Dynamo;
 use crate::storage::{
@@ -138,6 +141,7 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
             key,
             last: rng.random_range(0..=5),
             owner: owner.to_owned(),
+            protocol: crate::PROTOCOL,
         },
         8 => {
             let row = crate::schema::Snapshot::from_items(&key, &model.partition(&key))
@@ -232,6 +236,9 @@ fn normalize(result: &Result<Response, Failure>) -> String {
         }
         Ok(other) => format!("{other:?}"),
         Err(Failure::Retry { .. }) => "retry".into(),
+        Err(Failure::Fatal(crate::Error::ProtocolTooNew { table, .. })) => {
+            format!("fatal ProtocolTooNew {table}")
+        }
         Err(Failure::Fatal(e)) => {
             let text = e.to_string();
             let code = text
@@ -302,11 +309,45 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
     let mut model = Table::new(Instant::now(), 0);
     let run: u32 = rand::random();
     let mut kinds = BTreeMap::<String, u32>::new();
+    let newer = Request::CreateCounter {
+        key: NEWER_KEY.into(),
+        last: 3,
+        owner: "owner-newer".into(),
+        protocol: crate::PROTOCOL + 1,
+    };
+    let created = (
+        normalize(&dynamo.call(newer.clone()).await),
+        normalize(&model.apply(&newer, Instant::now())),
+    );
+    if created.0 != created.1 {
+        return Err(format!("creating the newer key: {created:?}"));
+    }
     for seed in 0..seeds {
         let mut rng = StdRng::seed_from_u64(seed);
+        // A stream of its own, so the requests of the other keys stay what they were.
+        let mut aim = StdRng::seed_from_u64(seed.wrapping_add(0x5eed_0000));
         let mut sent = Vec::new();
         for step in 0..150 {
             let req = request(&mut rng, &mut sent, run, &model);
+            if aim.random_bool(0.3) {
+                if let Some(again) = retarget(&req, &model) {
+                    let real = normalize(&dynamo.call(again.clone()).await);
+                    let modeled = normalize(&model.apply(&again, Instant::now()));
+                    if real != modeled {
+                        return Err(format!(
+                            "seed {seed} step {step} (newer key): {again:?}\n DynamoDB Local: \
+                             {real}\n model: {modeled}"
+                        ));
+                    }
+                    let label: String = modeled.chars().take(26).collect();
+                    let label = if seat_of(&again) {
+                        format!("seat newer {label}")
+                    } else {
+                        format!("newer {label}")
+                    };
+                    *kinds.entry(label).or_default() += 1;
+                }
+            }
             let (a, b) = if let Request::Scan(r) = &req {
                 (
                     scan_all(r, async |q| dynamo.call(q).await).await,
@@ -322,13 +363,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
                     "seed {seed} step {step}: {req:?}\n DynamoDB Local: {a}\n model: {b}"
                 ));
             }
-            let seat = match &req {
-                Request::Enqueue(r) => r.seat,
-                Request::Heartbeat(beat) => beat.seat,
-                Request::DeleteStale { seat, .. } | Request::DeleteOwned { seat, .. } => *seat,
-                Request::SweepDead(d) => d.seat,
-                _ => false,
-            };
+            let seat = seat_of(&req);
             let label: String = b.chars().take(24).collect();
             let label = match &req {
                 Request::SweepDead(_) => format!("sweep {label}"),
@@ -339,7 +374,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
             let label = if seat { format!("seat {label}") } else { label };
             *kinds.entry(label).or_default() += 1;
         }
-        for key in ["k0", "k1"] {
+        for key in ["k0", "k1", NEWER_KEY] {
             let real = dynamo
                 .call(Request::Query {
                     key: key.into(),
@@ -430,6 +465,10 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "seat sweep StaleDelete(Revived)",
         "Scanned items",
         "Scanned nothing",
+        // The newer protocol's key: every write to its counter refused, its reads alike.
+        "newer fatal ProtocolTooNew",
+        "seat newer fatal ProtocolTooNew",
+        "newer page",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),
@@ -451,6 +490,7 @@ async fn a_broken_request_condition_in_store_is_caught() {
         Mutant::StoreEnqueueIgnoresWatermark,
         Mutant::StoreMarkBackwards,
         Mutant::StoreSweepWithoutRvn,
+        Mutant::StoreSeatIgnoresProtocol,
     ] {
         let planted = plant(Some(m));
         let found = compare(8).await;

@@ -64,6 +64,8 @@ mod scripted;
 #[cfg(test)]
 mod tests;
 mod trace;
+#[cfg(test)]
+mod upgrade;
 mod watch;
 
 use std::collections::BTreeMap;

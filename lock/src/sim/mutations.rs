@@ -187,3 +187,20 @@ fn a_sweep_removal_without_its_condition_removes_a_live_entry() {
         &["early removal"],
     );
 }
+
+/// Issue 25: the version ignored by one request. A waiter's look that does not check the
+/// version of the counter it reads is granted, at the bottom of the queue of a key switched to
+/// the next protocol, beside that protocol's holder (`upgrade.rs`).
+#[test]
+fn a_look_that_ignores_the_protocol_is_granted_beside_the_next_protocols_holder() {
+    let planted = crate::mutant::plant(Some(Mutant::LookIgnoresProtocol));
+    let caught = (0..200).find_map(|seed| {
+        let run = super::upgrade::run(seed);
+        run.violations.first().map(|v| format!("seed {seed}: {v}"))
+    });
+    drop(planted);
+    match caught {
+        Some(found) => eprintln!("LookIgnoresProtocol caught: {found}"),
+        None => panic!("LookIgnoresProtocol survived 200 upgrade schedules"),
+    }
+}

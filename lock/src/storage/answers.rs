@@ -7,6 +7,13 @@
 use super::{Enqueue, EnqueueRequest, Failure, Item, Owned, Renewal, StaleDelete};
 use crate::schema;
 
+/// A refused write that touched `key`'s counter: [`crate::Error::ProtocolTooNew`] if the counter
+/// as it stood (`ALL_OLD`) says the key runs a newer protocol than this build speaks, whatever
+/// else the refusal means. Every reader of a refused counter write asks this first.
+pub(crate) fn protocol_refused(key: &str, counter: Option<&Item>) -> Result<(), Failure> {
+    crate::protocol::check(key, counter).map_err(Failure::Fatal)
+}
+
 /// What a refused heartbeat means, from the item the condition failed on.
 pub(crate) fn renewal_refused(item: Option<&Item>, owner: &str) -> Renewal {
     let ours = item
@@ -25,6 +32,7 @@ pub(crate) fn seat_refused(r: &EnqueueRequest, counter: Option<&Item>) -> Result
     let Some(item) = counter else {
         return Ok(Enqueue::CounterAt(None));
     };
+    protocol_refused(&r.key, Some(item))?;
     if let Some(ours) = ours(r, item) {
         return Ok(ours);
     }
@@ -78,6 +86,9 @@ pub(crate) fn enqueue_outcome(
 ) -> Result<Option<Enqueue>, Failure> {
     let code = |i: usize| reasons.get(i).map_or("None", |r| r.0);
     let item = |i: usize| reasons.get(i).and_then(|r| r.1);
+    if code(0) == "ConditionalCheckFailed" {
+        protocol_refused(&r.key, item(0))?;
+    }
     if code(1) == "ConditionalCheckFailed" {
         if let Some(ours) = item(1).and_then(|it| ours(r, it)) {
             return Ok(Some(ours));

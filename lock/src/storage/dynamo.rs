@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::{ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use super::answers::renewal_refused;
+use super::answers::{protocol_refused, renewal_refused};
 use super::{
     counter_key, entry_key, row_key, Beat, Failure, Owned, Range, Renewal, Request, Response,
     Storage,
@@ -136,8 +136,13 @@ impl Storage for Dynamo {
                     .record_tick(&key, &id, expires_at)
                     .await
                     .map(Response::Recorded),
-                Request::CreateCounter { key, last, owner } => this
-                    .create_counter(&key, last, &owner)
+                Request::CreateCounter {
+                    key,
+                    last,
+                    owner,
+                    protocol,
+                } => this
+                    .create_counter(&key, last, &owner, protocol)
                     .await
                     .map(Response::Created),
             }
@@ -211,14 +216,21 @@ impl Dynamo {
         })
     }
 
-    /// Puts a key's counter if it has none.
-    async fn create_counter(&self, key: &str, last: u64, owner: &str) -> Result<bool, Failure> {
+    /// Puts a key's counter at `protocol` if it has none.
+    async fn create_counter(
+        &self,
+        key: &str,
+        last: u64,
+        owner: &str,
+        protocol: u32,
+    ) -> Result<bool, Failure> {
         let mut item = counter_key(key);
         item.insert(schema::LAST.into(), n(last));
         item.insert(
             schema::LAST_OWNER.into(),
             s(&schema::last_owner(owner, last)),
         );
+        item.insert(schema::PROTOCOL_ATTR.into(), n(protocol));
         self.put_new(item).await
     }
 
@@ -257,10 +269,18 @@ impl Dynamo {
             ("#exp".to_owned(), schema::EXPIRES_AT.to_owned()),
             ("#rvn".to_owned(), schema::RVN.to_owned()),
         ]);
+        let mut condition = heartbeat_condition().to_owned();
         if beat.seat {
             // TTL must never remove a counter: the seat has no `expiresAt`.
             names.remove("#exp");
             values.remove(":exp");
+            // The seat lives on the counter: only on a protocol we speak.
+            names.insert(crate::protocol::NAME.into(), schema::PROTOCOL_ATTR.into());
+            values.insert(
+                crate::protocol::VALUE.into(),
+                crate::protocol::speaks_value(),
+            );
+            condition = format!("{condition} AND {}", crate::protocol::CONDITION);
         }
         let mut update = if beat.seat {
             "SET #until = :until, #rvn = :rvn".to_owned()
@@ -278,7 +298,7 @@ impl Dynamo {
             .table_name(&*self.table)
             .set_key(Some(entry_key(&beat.key, beat.ticket, beat.seat)))
             .update_expression(update)
-            .condition_expression(heartbeat_condition())
+            .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values(ReturnValue::None)
@@ -289,6 +309,9 @@ impl Dynamo {
             Ok(_) => Ok(Renewal::Renewed),
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    if beat.seat {
+                        protocol_refused(&beat.key, c.item())?;
+                    }
                     Ok(renewal_refused(c.item(), &beat.owner))
                 }
                 _ => Err(self.classify("UpdateItem", e)),
@@ -320,6 +343,9 @@ impl Dynamo {
                     &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))],
                     None,
                 )
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .customize()
                 .config_override(no_sdk_retry)
                 .send()
@@ -327,7 +353,10 @@ impl Dynamo {
             return match result {
                 Ok(_) => Ok(Owned::Yes),
                 Err(e) => match e.as_service_error() {
-                    Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(Owned::No),
+                    Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                        protocol_refused(key, c.item())?;
+                        Ok(Owned::No)
+                    }
                     _ => Err(self.classify("UpdateItem", e)),
                 },
             };

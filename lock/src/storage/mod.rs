@@ -86,6 +86,10 @@ pub(crate) enum Request {
         last: u64,
         /// `lastOwner`: our owner id.
         owner: String,
+        /// `protocol`: the protocol the key runs from now on. This build always creates
+        /// counters at [`crate::PROTOCOL`]; the differential test also creates one at a newer
+        /// protocol, as a newer build would.
+        protocol: u32,
     },
     /// `DeleteItem` of our own row, conditioned on `owner` (for the seat: `UpdateItem` of the
     /// counter removing the seat's attributes, conditioned on `owner` and `ticket`).

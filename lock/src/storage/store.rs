@@ -161,6 +161,7 @@ impl Store {
             key: key.to_owned(),
             last,
             owner: owner.to_owned(),
+            protocol: crate::protocol::PROTOCOL,
         };
         match self.call(request).await? {
             Response::Created(c) => Ok(c),

@@ -20,6 +20,9 @@ pub enum RowOutcome {
     Error,
     /// The budget ran out before the delete was tried.
     NotTried,
+    /// Its key was switched to a newer protocol than this build speaks since the scan read it:
+    /// left alone (counted in [`SweepSummary::newer_protocol`]).
+    NewerProtocol,
 }
 
 /// A dead row the sweep met.
@@ -81,6 +84,11 @@ pub struct SweepSummary {
     pub grace_ms: u64,
     /// The first dead rows met (at most [`SweepOptions::report_rows`](super::SweepOptions::report_rows)).
     pub rows: Vec<SweptRow>,
+    /// Entries left alone because their key runs a newer protocol than this build speaks
+    /// ([`crate::PROTOCOL`]): upgrade the sweeper (see [`crate::protocol::UPGRADE_GUIDE`]).
+    pub newer_protocol: u64,
+    /// The keys of those entries (the first few).
+    pub newer_protocol_keys: Vec<String>,
 }
 
 impl SweepSummary {
@@ -96,6 +104,10 @@ impl SweepSummary {
         self.revived += other.revived;
         self.errors += other.errors;
         self.pages += other.pages;
+        self.newer_protocol += other.newer_protocol;
+        for k in other.newer_protocol_keys {
+            self.newer_protocol_key(k);
+        }
         for e in other.error_samples {
             if self.error_samples.len() < MAX_ERROR_SAMPLES {
                 self.error_samples.push(e);
@@ -104,6 +116,20 @@ impl SweepSummary {
         let room = report_rows.saturating_sub(self.rows.len());
         self.rows.extend(other.rows.into_iter().take(room));
         self.resume.extend(other.resume);
+    }
+
+    /// Counts an entry of a key on a newer protocol, left alone, and names its key.
+    pub(crate) fn newer_protocol(&mut self, key: &str) {
+        self.newer_protocol += 1;
+        self.newer_protocol_key(key.to_owned());
+    }
+
+    fn newer_protocol_key(&mut self, key: String) {
+        if self.newer_protocol_keys.len() < MAX_ERROR_SAMPLES
+            && !self.newer_protocol_keys.contains(&key)
+        {
+            self.newer_protocol_keys.push(key);
+        }
     }
 
     pub(crate) fn error(&mut self, message: String) {
@@ -121,7 +147,10 @@ impl SweepSummary {
         report_rows: usize,
     ) {
         match outcome {
-            RowOutcome::WouldDelete | RowOutcome::NotTried | RowOutcome::Error => {}
+            RowOutcome::WouldDelete
+            | RowOutcome::NotTried
+            | RowOutcome::Error
+            | RowOutcome::NewerProtocol => {}
             RowOutcome::Deleted => self.deleted += 1,
             RowOutcome::AlreadyGone => self.already_gone += 1,
             RowOutcome::Revived => self.revived += 1,

@@ -18,3 +18,6 @@ mod skew;
 mod ticks;
 mod usage;
 mod wait;
+// Issue 25: the protocol's version on the table, and the snapshot of its requests.
+mod snapshot;
+mod versions;

@@ -27,6 +27,9 @@ pub const EXIT_LOST: u8 = 70;
 pub const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit status when the command was not found (as `env(1)` and `flock(1)`).
 pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit status when the key runs a newer flightlock protocol than this build speaks
+/// (`EX_PROTOCOL`): nothing was run and nothing was granted; upgrade this build.
+pub const EXIT_PROTOCOL: u8 = 76;
 /// Exit status for a bad value: the usage errors clap reports, and options out of range.
 pub const EXIT_USAGE: u8 = 2;
 
@@ -207,6 +210,7 @@ async fn main() -> ExitCode {
                         // Values out of range: usage errors, as clap's own are.
                         flightlock::Error::InvalidOption { .. }
                         | flightlock::Error::InvalidKey { .. } => ExitCode::from(EXIT_USAGE),
+                        flightlock::Error::ProtocolTooNew { .. } => ExitCode::from(EXIT_PROTOCOL),
                         _ => ExitCode::FAILURE,
                     }
                 }

@@ -25,15 +25,38 @@ pub struct StatusArgs {
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let locker = Locker::new(args.conn.client().await, &args.conn.table);
-    let entries = match locker.queue(&args.key, args.max_clock_skew).await {
-        Ok(entries) => entries,
+    let (entries, protocol) = match locker
+        .queue_and_protocol(&args.key, args.max_clock_skew)
+        .await
+    {
+        Ok(read) => read,
+        Err(flightlock::Error::ProtocolTooNew { table, speaks, .. }) if args.json => {
+            // A queue this build cannot read: its protocol, and no queue.
+            let out = serde_json::json!({
+                "table": args.conn.table,
+                "key": args.key,
+                "protocol": table,
+                "speaks": speaks,
+                "queue": null,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            return Ok(ExitCode::from(crate::EXIT_PROTOCOL));
+        }
         Err(e) => return Err(crate::explained(&locker, e).await),
     };
     if args.json {
-        let out =
-            serde_json::json!({ "table": args.conn.table, "key": args.key, "queue": entries });
+        let out = serde_json::json!({
+            "table": args.conn.table,
+            "key": args.key,
+            "protocol": protocol,
+            "speaks": flightlock::PROTOCOL,
+            "queue": entries,
+        });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
+    }
+    if protocol != flightlock::PROTOCOL {
+        println!("{}: protocol {protocol}", args.key);
     }
     if entries.is_empty() {
         println!("{}: free (no rows)", args.key);

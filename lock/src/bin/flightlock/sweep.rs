@@ -118,6 +118,16 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
         for e in &summary.error_samples {
             eprintln!("flightlock: sweep error: {e}");
         }
+        if summary.newer_protocol > 0 {
+            eprintln!(
+                "flightlock: left {} entries alone on keys that run a newer protocol than this \
+                 build speaks ({}): {}; upgrade (see {})",
+                summary.newer_protocol,
+                flightlock::PROTOCOL,
+                summary.newer_protocol_keys.join(", "),
+                flightlock::protocol::UPGRADE_GUIDE
+            );
+        }
     }
     Ok(if summary.errors > 0 {
         ExitCode::FAILURE

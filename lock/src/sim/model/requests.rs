@@ -8,7 +8,7 @@ use super::{conditional_failed, entry_sk, num, string, Mutation, Remover, Table,
 use crate::error::Error;
 use crate::schema::{self, Snapshot, COUNTER_SK};
 use crate::storage::answers::{
-    enqueue_outcome, renewal_refused, row_judged, seat_judged, seat_refused,
+    enqueue_outcome, protocol_refused, renewal_refused, row_judged, seat_judged, seat_refused,
 };
 use crate::storage::{
     EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, StaleDelete,
@@ -17,6 +17,12 @@ use crate::storage::{
 impl Table {
     /// Applies one request at server instant `now`.
     pub(crate) fn apply(&mut self, request: &Request, now: Instant) -> Result<Response, Failure> {
+        // A single-item write to the counter is conditioned on a protocol we speak, and its
+        // refusal read as `storage/answers.rs` reads it (the enqueue transaction's counter half
+        // is in `counter_check`).
+        if let Some(key) = counter_write(request) {
+            protocol_refused(key, self.get(key, COUNTER_SK))?;
+        }
         match request {
             Request::Query { key, start, range } => Ok(match range {
                 crate::storage::Range::All => self.query(key, start.as_ref()),
@@ -37,6 +43,12 @@ impl Table {
                 Ok(Response::StaleDelete(outcome))
             }
             Request::SweepDead(d) => {
+                // The sweep's row removal is conditioned on the row's own protocol (a seat's is
+                // the counter's, checked above).
+                if !d.seat {
+                    let sk = entry_sk(d.ticket, d.seat);
+                    protocol_refused(&d.key, self.get(&d.key, &sk))?;
+                }
                 let sweep = Some((d.owner.as_str(), d.cutoff_ms));
                 let outcome = self.remove_dead(&d.key, d.ticket, d.seat, &d.rvn, sweep, now);
                 if outcome == StaleDelete::Deleted {
@@ -97,12 +109,21 @@ impl Table {
                 self.put(item, now);
                 Ok(Response::Renewal(Renewal::Renewed))
             }
-            Request::CreateCounter { key, last, owner } => {
+            Request::CreateCounter {
+                key,
+                last,
+                owner,
+                protocol,
+            } => {
                 if self.get(key, COUNTER_SK).is_some() {
                     return Ok(Response::Created(false));
                 }
                 let by = schema::last_owner(owner, *last);
                 self.set_counter(key, *last, Some(&by), now);
+                if let Some(mut counter) = self.get(key, COUNTER_SK).cloned() {
+                    counter.insert(schema::PROTOCOL_ATTR.into(), schema::n(*protocol));
+                    self.put(counter, now);
+                }
                 Ok(Response::Created(true))
             }
             Request::DeleteOwned {
@@ -153,6 +174,7 @@ impl Table {
             .and_then(|c| string(c, schema::LAST_OWNER))
             .map(str::to_owned);
         let ok = last == i64::try_from(r.counter.last).ok() && by == r.counter.owner;
+        let ok = ok && crate::protocol::check(&r.key, counter.as_ref()).is_ok();
         let ok = ok && self.tick_conditions(r, counter.as_ref());
         (ok, counter)
     }
@@ -311,5 +333,23 @@ impl Table {
         } else {
             row_judged(stored.as_ref())
         }
+    }
+}
+
+/// The key of a single-item write of the counter (the seat's take, heartbeat, release and
+/// removals; a tick's mark): each is conditioned on a protocol we speak.
+fn counter_write(request: &Request) -> Option<&str> {
+    match request {
+        Request::Enqueue(r) if r.seat => Some(&r.key),
+        Request::Heartbeat(b) if b.seat => Some(&b.key),
+        Request::SweepDead(d) if d.seat => Some(&d.key),
+        Request::DeleteStale {
+            key, seat: true, ..
+        }
+        | Request::DeleteOwned {
+            key, seat: true, ..
+        }
+        | Request::MarkDone { key, .. } => Some(key),
+        _ => None,
     }
 }

@@ -154,6 +154,11 @@ fn counter_move(
         ("#last".to_owned(), schema::LAST.to_owned()),
         ("#by".to_owned(), schema::LAST_OWNER.to_owned()),
     ]);
+    names.insert(crate::protocol::NAME.into(), schema::PROTOCOL_ATTR.into());
+    values.insert(
+        crate::protocol::VALUE.into(),
+        crate::protocol::speaks_value(),
+    );
     let mut update = "SET #last = :next, #by = :owner".to_owned();
     if let Some(tick) = r.tick {
         names.insert("#td".into(), schema::TICK_DONE.into());
@@ -167,7 +172,8 @@ fn counter_move(
     (update, names, values)
 }
 
-/// The counter half's condition: exactly the counter as read; with an ordered tick, a watermark
+/// The counter half's condition: exactly the counter as read, on a protocol we speak
+/// ([`crate::protocol::CONDITION`]); with an ordered tick, a watermark
 /// below it ([`ENQUEUE_TICK_CONDITION`]) and a `tickNewest` not above the one we set.
 fn counter_condition(r: &EnqueueRequest) -> String {
     let mut condition = match &r.counter.owner {
@@ -175,6 +181,8 @@ fn counter_condition(r: &EnqueueRequest) -> String {
         None => "#last = :expected AND attribute_not_exists(#by)",
     }
     .to_owned();
+    condition.push_str(" AND ");
+    condition.push_str(protocol_condition(r.seat));
     if r.tick.is_some() {
         condition.push_str(" AND ");
         condition.push_str(enqueue_tick_condition());
@@ -183,6 +191,17 @@ fn counter_condition(r: &EnqueueRequest) -> String {
         condition.push_str(" AND (attribute_not_exists(#tn) OR #tn <= :newest)");
     }
     condition
+}
+
+/// [`crate::protocol::CONDITION`], or under the test-only mutant, for the seat's take, one that
+/// passes whatever protocol the key runs (the version ignored by one request).
+fn protocol_condition(seat: bool) -> &'static str {
+    #[cfg(test)]
+    if seat && crate::mutant::on(crate::mutant::Mutant::StoreSeatIgnoresProtocol) {
+        return "(attribute_not_exists(#proto) OR #proto <= :speaks OR #proto > :speaks)";
+    }
+    let _ = seat;
+    crate::protocol::CONDITION
 }
 
 /// An enqueue's tick condition: the tick is not done (the watermark is absent or below it).

@@ -12,11 +12,13 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
 use super::Dynamo;
 use crate::schema::{self, n, s};
-use crate::storage::answers::{row_judged, seat_judged};
+use crate::storage::answers::{protocol_refused, row_judged, seat_judged};
 use crate::storage::{counter_key, row_key, Failure, StaleDelete};
 
-/// The sweep's delete condition: still the dead row that was read.
-pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff";
+/// The sweep's delete condition: still the dead row that was read, written under a protocol this
+/// build speaks (from protocol 2 on, every row carries the `protocol` it was written under).
+pub const DELETE_CONDITION: &str = "#owner = :owner AND #rvn = :rvn AND #until < :cutoff \
+     AND (attribute_not_exists(#proto) OR #proto <= :speaks)";
 
 impl Dynamo {
     /// Removes an entry judged dead, only if it still carries the `rvn` that was judged: a
@@ -46,7 +48,7 @@ impl Dynamo {
                 .map(drop)
                 .map_err(|e| match e.as_service_error() {
                     Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                        Ok(seat_judged(c.item(), ticket))
+                        protocol_refused(key, c.item()).map(|()| seat_judged(c.item(), ticket))
                     }
                     _ => Err(self.classify(operation, e)),
                 })
@@ -67,8 +69,13 @@ impl Dynamo {
                     .condition_expression(sweep_condition())
                     .expression_attribute_names("#owner", schema::OWNER)
                     .expression_attribute_names("#until", schema::LEASE_UNTIL_MS)
+                    .expression_attribute_names(crate::protocol::NAME, schema::PROTOCOL_ATTR)
                     .expression_attribute_values(":owner", s(owner))
-                    .expression_attribute_values(":cutoff", n(cutoff)),
+                    .expression_attribute_values(":cutoff", n(cutoff))
+                    .expression_attribute_values(
+                        crate::protocol::VALUE,
+                        crate::protocol::speaks_value(),
+                    ),
             };
             delete
                 .send()
@@ -78,6 +85,10 @@ impl Dynamo {
                     // Still there (heartbeated, or another owner's), or gone. A retried removal
                     // whose first attempt landed but whose answer was lost is gone either way.
                     Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
+                        if sweep.is_some() {
+                            // A row written under a newer protocol: not ours to judge.
+                            protocol_refused(key, c.item())?;
+                        }
                         Ok(row_judged(c.item()))
                     }
                     _ => Err(self.classify(operation, e)),
@@ -123,6 +134,17 @@ impl Dynamo {
             ));
             values.insert(":cutoff".to_owned(), n(cutoff));
         }
+        // The seat lives on the counter: only on a protocol we speak.
+        terms.push(crate::protocol::CONDITION.to_owned());
+        values.insert(
+            crate::protocol::VALUE.to_owned(),
+            crate::protocol::speaks_value(),
+        );
+        let mut names = names;
+        names.insert(
+            crate::protocol::NAME.to_owned(),
+            schema::PROTOCOL_ATTR.to_owned(),
+        );
         let mut update = self
             .client
             .update_item()
@@ -153,7 +175,8 @@ fn stale_condition() -> &'static str {
 fn sweep_condition() -> &'static str {
     #[cfg(test)]
     if crate::mutant::on(crate::mutant::Mutant::StoreSweepWithoutRvn) {
-        return "#owner = :owner AND (#rvn = :rvn OR attribute_exists(#rvn)) AND #until < :cutoff";
+        return "#owner = :owner AND (#rvn = :rvn OR attribute_exists(#rvn)) AND #until < :cutoff \
+             AND (attribute_not_exists(#proto) OR #proto <= :speaks)";
     }
     DELETE_CONDITION
 }

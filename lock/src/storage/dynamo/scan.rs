@@ -44,8 +44,10 @@ impl Dynamo {
 
 /// The scan's filter: queue rows and taken seats whose lease ended before the cutoff.
 pub const FILTER: &str = "(begins_with(#sk, :q) OR #sk = :counter) AND #until < :cutoff";
-/// The scan's projection: exactly what [`crate::schema::QueueRow::from_item`] needs.
-pub const PROJECTION: &str = "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree";
+/// The scan's projection: exactly what [`crate::schema::QueueRow::from_item`] needs, and the
+/// protocol an entry was written under (a seat's is its counter's).
+pub const PROJECTION: &str =
+    "#pk, #sk, #ticket, #owner, #until, #leaseMs, #exp, #rvn, #clockFree, #proto";
 /// The placeholders of [`FILTER`], [`PROJECTION`] and [`super::DELETE_CONDITION`].
 pub(crate) fn scan_names() -> HashMap<String, String> {
     [
@@ -58,6 +60,7 @@ pub(crate) fn scan_names() -> HashMap<String, String> {
         ("#exp", schema::EXPIRES_AT),
         ("#clockFree", schema::CLOCK_FREE),
         ("#rvn", schema::RVN),
+        (crate::protocol::NAME, schema::PROTOCOL_ATTR),
     ]
     .into_iter()
     .map(|(a, b)| (a.to_owned(), b.to_owned()))

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
 use super::Dynamo;
 use crate::schema::{self, n, s, PK, SK};
-use crate::storage::answers::seat_release_refused;
+use crate::storage::answers::{protocol_refused, seat_release_refused};
 use crate::storage::{counter_key, Failure, Owned};
 
 /// The watermark condition of a release that marks `:tick` done: it never moves backwards.
@@ -37,12 +37,17 @@ impl Dynamo {
     ) -> Result<Owned, Failure> {
         let (mut names, remove) = schema::seat_placeholders();
         names.insert("#td".into(), schema::TICK_DONE.into());
+        names.insert(crate::protocol::NAME.into(), schema::PROTOCOL_ATTR.into());
         let owner_p = schema::seat_placeholder(schema::OWNER);
         let ticket_p = schema::seat_placeholder(schema::TICKET);
         let values = HashMap::from([
             (":owner".to_owned(), s(owner)),
             (":ticket".to_owned(), n(ticket)),
             (":tick".to_owned(), n(tick)),
+            (
+                crate::protocol::VALUE.to_owned(),
+                crate::protocol::speaks_value(),
+            ),
         ]);
         // The caller retries (as for any release): no SDK retries underneath, so it knows when
         // an earlier attempt may have landed.
@@ -60,7 +65,11 @@ impl Dynamo {
             .table_name(&*self.table)
             .set_key(Some(counter_key(key)))
             .update_expression(format!("{remove} SET #td = :tick"))
-            .condition_expression(format!("{ours} AND {}", mark_condition()))
+            .condition_expression(format!(
+                "{ours} AND {} AND {}",
+                mark_condition(),
+                crate::protocol::CONDITION
+            ))
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -72,6 +81,7 @@ impl Dynamo {
             Ok(_) => Ok(Owned::Yes),
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    protocol_refused(key, c.item())?;
                     Ok(seat_release_refused(c.item(), owner, ticket))
                 }
                 _ => Err(self.classify("UpdateItem", e)),
@@ -88,16 +98,26 @@ impl Dynamo {
             .table_name(&*self.table)
             .set_key(Some(counter_key(key)))
             .update_expression("SET #td = :tick")
-            .condition_expression(format!("attribute_exists(#last) AND {}", mark_condition()))
+            .condition_expression(format!(
+                "attribute_exists(#last) AND {} AND {}",
+                mark_condition(),
+                crate::protocol::CONDITION
+            ))
             .expression_attribute_names("#td", schema::TICK_DONE)
             .expression_attribute_names("#last", schema::LAST)
+            .expression_attribute_names(crate::protocol::NAME, schema::PROTOCOL_ATTR)
             .expression_attribute_values(":tick", n(tick))
+            .expression_attribute_values(crate::protocol::VALUE, crate::protocol::speaks_value())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match result {
             Ok(_) => Ok(true),
             Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    protocol_refused(key, c.item())?;
+                    Ok(false)
+                }
                 _ => Err(self.classify("UpdateItem", e)),
             },
         }
