@@ -105,6 +105,10 @@ const CHECKS: &[&str] = &[
     "loss notice (entry removed under a holder)",
     "progress (handoff gap)",
     "hold kept over 3+ leases, fault-free",
+    "tight wait: no look after the last",
+    super::pacing::LOOKS,
+    super::pacing::BEATS,
+    super::pacing::RETRIES,
 ];
 
 /// Sums of a family of runs: answers by kind, checks applied, paths taken.
@@ -466,6 +470,83 @@ fn replay_clock_free() {
         seed,
         Knobs {
             all_clock_free: true,
+            ..Knobs::default()
+        },
+    );
+    for line in &r.trace {
+        println!("{line}");
+    }
+    println!("violations: {:#?}", r.violations);
+}
+
+// ----- the lease-edge family ---------------------------------------------------------------
+
+/// Lease-edge schedules CI runs (`Knobs::lease_edge`), for every `SEEDS` of the main family.
+pub(super) const EDGE_SEEDS: u64 = 300;
+
+/// The safety guards the lease-edge family must see fire (each decided something in some
+/// schedule), or the schedules no longer reach the window they guard.
+const GUARDS: &[&str] = &[crate::mutant::GUARD_LOOK, crate::mutant::GUARD_ENQUEUE];
+
+/// The lease-edge family: a stalled participant's own lease runs out across its requests (see
+/// `scenario::plan_edge`). Every guarantee holds, and the guards that keep an entry whose lease
+/// ran out from being granted fire.
+#[test]
+fn lease_edge_schedules_hold_every_guarantee() {
+    let knobs = Knobs {
+        lease_edge: true,
+        ..Knobs::default()
+    };
+    let first = env_u64("FLIGHTLOCK_SIM_FIRST_SEED", 0);
+    let count = env_u64("FLIGHTLOCK_SIM_SEEDS", SEEDS) * EDGE_SEEDS / SEEDS;
+    let started = StdInstant::now();
+    let mut coverage = Coverage::default();
+    let mut failures = Vec::new();
+    for seed in first..first + count {
+        let r = run(seed, knobs);
+        coverage.add(&r);
+        if !r.violations.is_empty() {
+            failures.push(explain_as(
+                &r,
+                "FLIGHTLOCK_SIM_EDGE_SEED",
+                "replay_lease_edge",
+            ));
+            if failures.len() >= 3 {
+                break;
+            }
+        }
+    }
+    let (table, _) = coverage.table(&[], GUARDS);
+    eprintln!(
+        "lease-edge simulation: {count} schedules (seeds {first}..{}) in {:.1} s\n{table}",
+        first + count,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if count >= EDGE_SEEDS {
+        let silent: Vec<&&str> = GUARDS
+            .iter()
+            .filter(|g| coverage.checked.get(**g).copied().unwrap_or(0) == 0)
+            .collect();
+        assert!(
+            silent.is_empty(),
+            "guards that never fired in {count} lease-edge schedules: {silent:?} (the family \
+             no longer reaches the window they guard)"
+        );
+    }
+}
+
+/// `FLIGHTLOCK_SIM_EDGE_SEED=<n>`: a lease-edge schedule, its whole trace.
+#[test]
+fn replay_lease_edge() {
+    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_EDGE_SEED") else {
+        return;
+    };
+    let seed: u64 = seed.parse().expect("FLIGHTLOCK_SIM_EDGE_SEED is a number");
+    let r = run(
+        seed,
+        Knobs {
+            lease_edge: true,
             ..Knobs::default()
         },
     );
