@@ -193,7 +193,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         net.table.lock().map(|t| t.scan_lag).unwrap_or_default()
     ));
 
-    let workers = plan_workers(&mut rng, &keys);
+    let workers = plan_workers(&mut rng, &keys, &knobs);
     if knobs.lease_edge {
         let stalled = plan_edge(&mut rng, &workers);
         ctx.note(format!("{stalled:?} is stalled during the fault phase"));

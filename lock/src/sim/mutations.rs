@@ -198,8 +198,8 @@ fn edge(m: Mutant) -> Knobs {
 
 /// The guard in `locker/wait.rs`: a look that comes back clear after our own lease ran out
 /// must not grant. The main family reaches the window rarely (seed 7,972 of the long run);
-/// the lease-edge family CI runs reaches it within its 300 schedules, and the scripted schedule
-/// (`scripted_lease.rs`) drives it exactly.
+/// the lease-edge family CI runs reaches it at schedule 38 (and six more of its 300), and the
+/// scripted schedule (`scripted_lease.rs`) drives it exactly.
 #[test]
 fn a_grant_on_a_look_that_outlasted_our_own_lease_gives_two_holders() {
     caught_by(
@@ -282,5 +282,18 @@ fn a_lease_counted_from_the_answer_is_caught() {
         mutant(Mutant::LeaseFromAnswer),
         300,
         &["lease"],
+    );
+}
+
+/// The guard in `locker/mod.rs`: an enqueue (a seat taken) whose answer came back after our own
+/// lease ran out must not grant. The lease-edge family reaches it within its 300 schedules; the
+/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+#[test]
+fn a_seat_taken_past_our_own_lease_gives_two_holders() {
+    caught_by(
+        "seat granted past our own lease",
+        edge(Mutant::EnqueuePastOwnLease),
+        super::tests::EDGE_SEEDS,
+        &["mutual exclusion"],
     );
 }

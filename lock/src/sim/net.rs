@@ -365,7 +365,7 @@ impl Endpoint {
                     ));
                     return Err(retry(operation, "stalled: heartbeat refused", true));
                 }
-                back = net.attempt_timeout.mul_f64(0.5 + net.roll());
+                back = net.attempt_timeout.mul_f64(1.0 + net.roll());
                 net.fault(&ep.who, started, started + go + back);
             }
             if go > faults.delay || back > faults.delay {

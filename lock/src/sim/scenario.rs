@@ -138,8 +138,10 @@ pub(super) fn plan_faults(rng: &mut StdRng) -> Faults {
 }
 
 /// The participants: each on one key, with its cycles, its clock and a seed of its own.
-pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan]) -> Vec<WorkerPlan> {
-    (0..rng.random_range(2..=6))
+pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan], knobs: &Knobs) -> Vec<WorkerPlan> {
+    // The lease-edge family wants someone behind the stalled participant to pass it over.
+    let least = if knobs.lease_edge { 3 } else { 2 };
+    (0..rng.random_range(least..=6))
         .map(|i| {
             let key = rng.random_range(0..keys.len());
             let (offset_ms, drift_ppm) = if keys[key].opts.clock_free() {
@@ -165,7 +167,7 @@ pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan]) -> Vec<WorkerPlan
 
 /// The lease-edge family's stalled participant (one of `workers`): during the fault phase its
 /// heartbeats are refused, and every other request of it is applied at once but answered
-/// between half and one and a half attempt timeouts later, half the time not at all (a
+/// between one and two attempt timeouts later, half the time not at all (a
 /// connection congested one way). Its lease runs out a lease after its last confirmed write,
 /// whatever it is doing: looking, enqueueing, checking its tick id. Others meanwhile judge its
 /// entry dead and pass it over, so a request of it that comes back after that must not grant.

@@ -13,13 +13,12 @@
 //!    `x` must leave and queue again, not take the key beside `p`.
 //!
 //! Its sibling, the enqueue that outlasts its lease (the guard in `locker/mod.rs`):
-//! 1. `x` finds the key free and takes the seat; the write lands, its answer is lost, and every
-//!    retry is refused until `p` is granted.
+//! 1. `x` finds the key free and takes the seat; the write lands at once, its answer is held
+//!    back until `p` is granted.
 //! 2. `p` queues behind the seat, sees it unchanged past its lease and the allowance (`x` has no
-//!    heartbeat yet: its write was never confirmed), vacates it, and is granted.
-//! 3. `x`'s next retry is answered `Done` (the same request under the same token: DynamoDB
-//!    answers it as it answered the first). Its lease ran out long ago: `x` must leave and queue
-//!    again.
+//!    heartbeat yet: its write is not confirmed), vacates it, and is granted.
+//! 3. `x`'s answer comes back: `Done`, the seat is ours, the queue was clear. Its lease ran out
+//!    meanwhile: `x` must leave and queue again.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -98,20 +97,9 @@ impl Script {
                     });
                 }
                 Request::Enqueue(_) if self.mode == Mode::Enqueue => {
-                    let first = self.x_sent.lock().unwrap().is_none();
-                    if first {
-                        *self.x_sent.lock().unwrap() = Some(now);
-                        let landed = self.apply(who, &request);
-                        self.note(who, &request, &format!("{landed:?}, its answer lost"));
-                    }
-                    if first || !*self.p_granted.borrow() {
-                        return Box::pin(async {
-                            Err(Failure::Retry {
-                                throttled: false,
-                                operation: "UpdateItem",
-                                source: "script: x's enqueue is not answered".into(),
-                            })
-                        });
+                    if self.x_sent.lock().unwrap().replace(now).is_none() {
+                        let result = self.apply(who, &request);
+                        return self.held(result, "x's seat answered");
                     }
                 }
                 Request::Enqueue(_) => {
@@ -138,19 +126,7 @@ impl Script {
                         };
                         self.apply("h", &release).unwrap();
                         let result = self.apply(who, &request);
-                        let mut granted = self.p_granted.subscribe();
-                        let script = self.clone();
-                        return Box::pin(async move {
-                            // Held back until `p` is granted (ten leases at most).
-                            let _ =
-                                tokio::time::timeout(LEASE * 10, granted.wait_for(|g| *g)).await;
-                            script
-                                .answers
-                                .lock()
-                                .unwrap()
-                                .push("x's armed look answered".into());
-                            result
-                        });
+                        return self.held(result, "x's armed look answered");
                     }
                 }
                 _ => {}
@@ -158,6 +134,23 @@ impl Script {
         }
         let result = self.apply(who, &request);
         Box::pin(async move { result })
+    }
+}
+
+impl Script {
+    /// An answer held back until `p` is granted (ten leases at most).
+    fn held(
+        self: &Arc<Self>,
+        result: Result<Response, Failure>,
+        what: &'static str,
+    ) -> BoxFuture<'static, Result<Response, Failure>> {
+        let mut granted = self.p_granted.subscribe();
+        let script = self.clone();
+        Box::pin(async move {
+            let _ = tokio::time::timeout(LEASE * 10, granted.wait_for(|g| *g)).await;
+            script.answers.lock().unwrap().push(what.into());
+            result
+        })
     }
 }
 
@@ -224,7 +217,7 @@ async fn play(mode: Mode) -> Result<String, String> {
     let answers = script.answers.lock().unwrap().join("\n");
     let reached = match mode {
         Mode::Look => answers.contains("x's armed look answered"),
-        Mode::Enqueue => answers.contains("its answer lost"),
+        Mode::Enqueue => answers.contains("x's seat answered"),
     };
     if !reached {
         return Err(format!(
