@@ -89,6 +89,9 @@ pub(crate) enum Mutant {
     /// `liveness.rs`: the pace's floor is gone: a waiter next in line whose holder is due looks
     /// again without a pause.
     NoPollFloor,
+    /// `locker/enqueue.rs`: "would the pause after a transaction conflict end past the retry
+    /// budget" inverted: any conflict answers busy, even to a forever wait.
+    ConflictGivesUp,
 }
 
 thread_local! {

@@ -471,7 +471,12 @@ impl Attempt<'_> {
                         opts.max_poll,
                         clock.jitter(),
                     );
-                    if self.now() + pause >= give_up {
+                    #[cfg(test)]
+                    let gives_up = (self.now() + pause >= give_up)
+                        != crate::mutant::on(crate::mutant::Mutant::ConflictGivesUp);
+                    #[cfg(not(test))]
+                    let gives_up = self.now() + pause >= give_up;
+                    if gives_up {
                         return Err(self.busy(None));
                     }
                     tokio::time::sleep(pause).await;

@@ -84,6 +84,19 @@ pub(super) fn ready(key: &KeyPlan, last: Instant, started: Instant) -> Instant {
 /// Checks a finished call: its duration, and (busy) whether dead entries alone kept it out.
 pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
     let now = Instant::now();
+    if call.wait == Wait::Forever {
+        // A forever wait is granted or fails; busy only after an hour of transaction
+        // conflicts (its retry budget), longer than any simulated run.
+        ctx.with(|m| m.applied("forever wait never busy"));
+        if !call.granted {
+            ctx.violation(format!(
+                "forever wait: {} told busy on {} after {:?}",
+                call.who,
+                call.key.name,
+                now - call.started
+            ));
+        }
+    }
     let Some(deadline) = deadline(call.key, call.wait) else {
         return;
     };

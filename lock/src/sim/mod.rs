@@ -56,6 +56,8 @@ mod actors;
 mod availability;
 #[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod lease_edge;
 pub(crate) mod model;
 mod monitor;
 

@@ -205,7 +205,7 @@ fn a_grant_on_a_look_that_outlasted_our_own_lease_gives_two_holders() {
     caught_by(
         "grant on a look that outlasted our own lease",
         edge(Mutant::GrantPastOwnLease),
-        super::tests::EDGE_SEEDS,
+        super::lease_edge::EDGE_SEEDS,
         &["mutual exclusion"],
     );
 }
@@ -293,7 +293,20 @@ fn a_seat_taken_past_our_own_lease_gives_two_holders() {
     caught_by(
         "seat granted past our own lease",
         edge(Mutant::EnqueuePastOwnLease),
-        super::tests::EDGE_SEEDS,
+        super::lease_edge::EDGE_SEEDS,
         &["mutual exclusion"],
+    );
+}
+
+/// The enqueue's conflict backoff with its budget comparison inverted: a forever wait is told
+/// busy at its first transaction conflict (the pacing and tight-wait checks cannot see it: the
+/// call met a fault).
+#[test]
+fn a_conflict_that_gives_up_tells_a_forever_wait_busy() {
+    caught_by(
+        "conflict gives up",
+        mutant(Mutant::ConflictGivesUp),
+        1000,
+        &["forever wait"],
     );
 }

@@ -23,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::model::{Mutation, Table};
+use super::pacing::{Answered, Sending, Sent};
 use super::trace::Trace;
 use crate::clock::Clock;
 use crate::storage::{Enqueue, Failure, Request, Response, Storage};
@@ -87,70 +88,6 @@ pub(crate) struct Net {
     /// The lease-edge family's stalled participant, while the faults last
     /// ([`super::scenario::plan_edge`]).
     pub stalled: Mutex<Option<String>>,
-}
-
-/// One request of a participant, as the pacing check sees it.
-#[derive(Debug, Clone)]
-pub(crate) struct Sent {
-    pub what: Sending,
-    /// The request as the trace shows it: a resend of a failed request is the same text.
-    pub text: String,
-    pub sent: Instant,
-    /// When the answer (or the failure) reached the caller, and how it went; `None` if the caller
-    /// stopped waiting first.
-    pub answered: Option<(Instant, Answered)>,
-}
-
-/// What kind of request, for the pacing rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Sending {
-    /// The first page of a waiter's look below its row (`Range::Below`, no start key).
-    Look {
-        key: String,
-        ticket: u64,
-    },
-    /// A renewal of one entry.
-    Beat {
-        key: String,
-        entry: String,
-    },
-    Other,
-}
-
-/// How a request's answer went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answered {
-    /// A heartbeat that renewed the lease, or any other answer.
-    Ok,
-    /// A failure the caller retries (refused, timed out, answer lost), a transaction conflict,
-    /// or a heartbeat that did not renew.
-    Failed,
-}
-
-impl Sent {
-    fn of(request: &Request, sent: Instant) -> Sent {
-        let what = match request {
-            Request::Query {
-                key,
-                start: None,
-                range: crate::storage::Range::Below { ticket, .. },
-            } => Sending::Look {
-                key: key.clone(),
-                ticket: *ticket,
-            },
-            Request::Heartbeat(b) => Sending::Beat {
-                key: b.key.clone(),
-                entry: format!("{}/{}/{}", b.ticket, b.seat, b.owner),
-            },
-            _ => Sending::Other,
-        };
-        Sent {
-            what,
-            text: describe(request),
-            sent,
-            answered: None,
-        }
-    }
 }
 
 /// A write that set an entry's version.

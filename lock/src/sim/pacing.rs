@@ -19,10 +19,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::monitor::Ctx;
-use super::net::{Answered, Sending, Sent};
+use super::net::describe;
 use super::scenario::KeyPlan;
 use crate::liveness::MIN_POLL;
+use crate::storage::Request;
 
 /// The shortest pause before a failed request is sent again (5 % of 20 ms), less rounding.
 const RETRY_FLOOR: Duration = Duration::from_micros(900);
@@ -157,6 +160,70 @@ fn retries(who: &str, sent: &[Sent], count: &mut u64, found: &mut Vec<String>) {
                  {RETRY_FLOOR:?}",
                 s.text
             ));
+        }
+    }
+}
+
+/// One request of a participant, as the pacing check sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Sent {
+    pub what: Sending,
+    /// The request as the trace shows it: a resend of a failed request is the same text.
+    pub text: String,
+    pub sent: Instant,
+    /// When the answer (or the failure) reached the caller, and how it went; `None` if the caller
+    /// stopped waiting first.
+    pub answered: Option<(Instant, Answered)>,
+}
+
+/// What kind of request, for the pacing rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Sending {
+    /// The first page of a waiter's look below its row (`Range::Below`, no start key).
+    Look {
+        key: String,
+        ticket: u64,
+    },
+    /// A renewal of one entry.
+    Beat {
+        key: String,
+        entry: String,
+    },
+    Other,
+}
+
+/// How a request's answer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    /// A heartbeat that renewed the lease, or any other answer.
+    Ok,
+    /// A failure the caller retries (refused, timed out, answer lost), a transaction conflict,
+    /// or a heartbeat that did not renew.
+    Failed,
+}
+
+impl Sent {
+    pub(super) fn of(request: &Request, sent: Instant) -> Sent {
+        let what = match request {
+            Request::Query {
+                key,
+                start: None,
+                range: crate::storage::Range::Below { ticket, .. },
+            } => Sending::Look {
+                key: key.clone(),
+                ticket: *ticket,
+            },
+            Request::Heartbeat(b) => Sending::Beat {
+                key: b.key.clone(),
+                entry: format!("{}/{}/{}", b.ticket, b.seat, b.owner),
+            },
+            _ => Sending::Other,
+        };
+        Sent {
+            what,
+            text: describe(request),
+            sent,
+            answered: None,
         }
     }
 }
