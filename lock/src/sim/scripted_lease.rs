@@ -96,14 +96,13 @@ impl Script {
                         })
                     });
                 }
-                Request::Enqueue(_) if self.mode == Mode::Enqueue => {
-                    if self.x_sent.lock().unwrap().replace(now).is_none() {
+                Request::Enqueue(_) => {
+                    let first = self.x_sent.lock().unwrap().is_none();
+                    self.x_sent.lock().unwrap().get_or_insert(now);
+                    if first && self.mode == Mode::Enqueue {
                         let result = self.apply(who, &request);
                         return self.held(result, "x's seat answered");
                     }
-                }
-                Request::Enqueue(_) => {
-                    self.x_sent.lock().unwrap().get_or_insert(now);
                 }
                 Request::Query {
                     start: None,
