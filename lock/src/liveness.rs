@@ -111,6 +111,13 @@ impl Observer {
         match skew {
             ClockSkew::Bounded(allowance) => {
                 let allowance_ms = i64::try_from(allowance.as_millis()).unwrap_or(i64::MAX);
+                #[cfg(test)]
+                let allowance_ms =
+                    if crate::mutant::on(crate::mutant::Mutant::StaleWithoutAllowance) {
+                        0
+                    } else {
+                        allowance_ms
+                    };
                 if wall_ms > row.lease_until_ms.saturating_add(allowance_ms) {
                     Verdict::Stale
                 } else {
@@ -120,7 +127,13 @@ impl Observer {
             ClockSkew::Unbounded => {
                 let lease = Duration::from_millis(u64::try_from(row.lease_ms).unwrap_or(0));
                 // A 1/64 margin covers monotonic clocks that run at slightly different rates.
-                if now.duration_since(first_seen) >= lease + lease / 64 {
+                #[allow(unused_mut)]
+                let mut margin = lease / 64;
+                #[cfg(test)]
+                if crate::mutant::on(crate::mutant::Mutant::StaleWithoutMargin) {
+                    margin = Duration::ZERO;
+                }
+                if now.duration_since(first_seen) >= lease + margin {
                     Verdict::Stale
                 } else {
                     Verdict::Live
@@ -309,6 +322,10 @@ impl Pace {
             hold.mul_f64(0.9 * places).max(still / 4)
         };
         self.last = Some((now, ahead, nearest));
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::NoPollFloor) {
+            return jittered(pause.min(self.max), jitter);
+        }
         jittered(pause.clamp(MIN_POLL, self.max), jitter)
     }
 }

@@ -6,7 +6,8 @@
 //! on its own `#[tokio::test]` thread, so schedules of the real protocol that other tests run in
 //! parallel never see another test's defect. Outside `cfg(test)` none of this is compiled.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 
 /// A defect planted in the protocol's code (`heartbeat.rs`, `locker.rs`, `liveness.rs`,
 /// `storage/dynamo.rs`).
@@ -69,10 +70,40 @@ pub(crate) enum Mutant {
     /// `locker/wait.rs`: a waiter's look ignores the version of the counter it reads, so at the
     /// bottom of the queue of a switched key it sees no holder it knows and is granted.
     LookIgnoresProtocol,
+    /// `locker/wait.rs`: a look that finds the way clear grants without checking that our own
+    /// lease outlasted the look: an entry others may have judged dead and passed over meanwhile
+    /// is granted the key (two holders).
+    GrantPastOwnLease,
+    /// `locker/enqueue.rs`: "has the wait run out" compares the call's start with the deadline
+    /// instead of the present, so a `wait = d` never gives up; its pause, cut at the deadline,
+    /// becomes a loop of looks without a pause until it is granted.
+    WaitNeverGivesUp,
+    /// `locker/mod.rs`: an enqueue that outlasted its own lease (long retries) is kept instead of
+    /// left and made again: a queue that was clear grants an entry others may have passed over.
+    EnqueuePastOwnLease,
+    /// `locker/mod.rs`: the tick id's record check that outlasted the lease (before heartbeats
+    /// start) still grants.
+    TickCheckPastOwnLease,
+    /// `liveness.rs`: bounded mode judges a row stale once our wall clock passes its
+    /// `leaseUntilMs`, without the skew allowance.
+    StaleWithoutAllowance,
+    /// `liveness.rs`: clock-free mode judges a row stale after a lease on our clock, without the
+    /// 1/64 margin for clocks that run at different rates.
+    StaleWithoutMargin,
+    /// `heartbeat.rs`: a confirmed renewal's lease counts from when its answer came back instead
+    /// of from just before it was sent.
+    LeaseFromAnswer,
+    /// `liveness.rs`: the pace's floor is gone: a waiter next in line whose holder is due looks
+    /// again without a pause.
+    NoPollFloor,
+    /// `locker/enqueue.rs`: "would the pause after a transaction conflict end past the retry
+    /// budget" inverted: any conflict answers busy, even to a forever wait.
+    ConflictGivesUp,
 }
 
 thread_local! {
     static ACTIVE: Cell<Option<Mutant>> = const { Cell::new(None) };
+    static FIRED: RefCell<BTreeMap<&'static str, u64>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// Whether `mutant` is planted on this thread.
@@ -94,3 +125,21 @@ impl Drop for Planted {
         ACTIVE.with(|a| a.set(self.0));
     }
 }
+
+/// Counts one firing of the safety guard `guard` on this thread (the simulation's coverage table
+/// shows how often each guard decided something: a guard that never fires is untested).
+pub(crate) fn fired(guard: &'static str) {
+    FIRED.with(|f| *f.borrow_mut().entry(guard).or_default() += 1);
+}
+
+/// The guards fired on this thread since the last call, and forgets them.
+pub(crate) fn take_fired() -> BTreeMap<&'static str, u64> {
+    FIRED.with(|f| std::mem::take(&mut *f.borrow_mut()))
+}
+
+/// The guard in `locker/wait.rs`: a clear look after our own lease ran out does not grant.
+pub(crate) const GUARD_LOOK: &str = "guard: own lease ran out across the last look";
+/// The guard in `locker/mod.rs`: an enqueue that outlasted its lease is made again.
+pub(crate) const GUARD_ENQUEUE: &str = "guard: own lease ran out during the enqueue";
+/// The guard in `locker/mod.rs`: a tick id check that outlasted the lease does not grant.
+pub(crate) const GUARD_TICK_ID: &str = "guard: own lease ran out during the tick id check";

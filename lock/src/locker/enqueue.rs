@@ -60,6 +60,10 @@ impl Attempt<'_> {
     }
 
     pub(super) fn timed_out(&self) -> bool {
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::WaitNeverGivesUp) {
+            return self.deadline.is_some_and(|d| self.started >= d);
+        }
         self.deadline.is_some_and(|d| self.now() >= d)
     }
 
@@ -467,7 +471,12 @@ impl Attempt<'_> {
                         opts.max_poll,
                         clock.jitter(),
                     );
-                    if self.now() + pause >= give_up {
+                    #[cfg(test)]
+                    let gives_up = (self.now() + pause >= give_up)
+                        != crate::mutant::on(crate::mutant::Mutant::ConflictGivesUp);
+                    #[cfg(not(test))]
+                    let gives_up = self.now() + pause >= give_up;
+                    if gives_up {
                         return Err(self.busy(None));
                     }
                     tokio::time::sleep(pause).await;

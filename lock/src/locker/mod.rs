@@ -233,8 +233,14 @@ impl Locker {
             }
             requeued = true;
             let (membership, clear) = attempt.enqueue().await?;
-            if let RowState::Lost(reason) = membership.state() {
+            #[cfg(test)]
+            let guarded = !crate::mutant::on(crate::mutant::Mutant::EnqueuePastOwnLease);
+            #[cfg(not(test))]
+            let guarded = true;
+            if let (RowState::Lost(reason), true) = (membership.state(), guarded) {
                 // The enqueue itself outlasted the lease (long retries): start over.
+                #[cfg(test)]
+                crate::mutant::fired(crate::mutant::GUARD_ENQUEUE);
                 tracing::warn!(key, ticket = membership.ticket, %reason, "lease ran out during the enqueue; queueing again");
                 drop(membership.leave().await);
                 continue;
@@ -262,7 +268,13 @@ impl Locker {
                 // The check ran before any heartbeat (they start with the guard) and may have
                 // retried for seconds: if our lease ran out meanwhile, others may have judged
                 // the entry dead and run the key, so neither the entry nor the answer counts.
-                if let RowState::Lost(reason) = membership.state() {
+                #[cfg(test)]
+                let guarded = !crate::mutant::on(crate::mutant::Mutant::TickCheckPastOwnLease);
+                #[cfg(not(test))]
+                let guarded = true;
+                if let (RowState::Lost(reason), true) = (membership.state(), guarded) {
+                    #[cfg(test)]
+                    crate::mutant::fired(crate::mutant::GUARD_TICK_ID);
                     tracing::warn!(key, ticket = membership.ticket, %reason, "lease ran out while the tick id was checked; queueing again");
                     drop(membership.leave().await);
                     continue;

@@ -243,9 +243,15 @@ impl Attempt<'_> {
                         return Ok(None);
                     }
                     Ok(Look::Clear) => {
-                        if let RowState::Lost(reason) = m.state() {
+                        #[cfg(test)]
+                        let guarded = !crate::mutant::on(crate::mutant::Mutant::GrantPastOwnLease);
+                        #[cfg(not(test))]
+                        let guarded = true;
+                        if let (RowState::Lost(reason), true) = (m.state(), guarded) {
                             // Our own lease ran out while we looked: we may already have been
                             // passed over.
+                            #[cfg(test)]
+                            crate::mutant::fired(crate::mutant::GUARD_LOOK);
                             tracing::warn!(key = self.key, ticket = m.ticket, %reason, "lease ran out just before the grant; queueing again");
                             drop(m.leave().await);
                             return Ok(None);

@@ -84,6 +84,19 @@ pub(super) fn ready(key: &KeyPlan, last: Instant, started: Instant) -> Instant {
 /// Checks a finished call: its duration, and (busy) whether dead entries alone kept it out.
 pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
     let now = Instant::now();
+    if call.wait == Wait::Forever {
+        // A forever wait is granted or fails; busy only after an hour of transaction
+        // conflicts (its retry budget), longer than any simulated run.
+        ctx.with(|m| m.applied("forever wait never busy"));
+        if !call.granted {
+            ctx.violation(format!(
+                "forever wait: {} told busy on {} after {:?}",
+                call.who,
+                call.key.name,
+                now - call.started
+            ));
+        }
+    }
     let Some(deadline) = deadline(call.key, call.wait) else {
         return;
     };
@@ -100,7 +113,24 @@ pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
         return;
     }
     let elapsed = now - call.started;
-    // The request in flight at the deadline, and each one sent after it: one round trip each.
+    if let Wait::For(_) = call.wait {
+        // After its deadline a waiter finishes the look in flight, or makes the one its pause
+        // (cut at the deadline) ended with, and leaves: no second look.
+        let looks = ctx.net.looks_since(call.who, call.started + deadline);
+        ctx.with(|m| m.applied("tight wait: no look after the last"));
+        if looks > 1 {
+            ctx.violation(format!(
+                "tight wait: {} looked {looks} times after its deadline (wait {:?}, {}); one \
+                 look may end the wait, then it leaves",
+                call.who,
+                call.wait,
+                if call.granted { "granted" } else { "busy" }
+            ));
+        }
+    }
+    // The request in flight at the deadline, and each one sent after it (at most one look's
+    // pages and stale removals, the counter read of a coalescing waiter, our row's removal or
+    // the tick id's check): one round trip each.
     let after = ctx.net.sent_since(call.who, call.started + deadline);
     let trips = u32::try_from(after + 1).unwrap_or(u32::MAX);
     let bound = deadline + ctx.net.round_trip * trips;

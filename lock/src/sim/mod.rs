@@ -36,6 +36,12 @@
 //!    PROTOCOL.md states. Deliberate defects in the protocol's own code ([`crate::mutant`]) show each
 //!    check failing (`mutations.rs`); the run counts every kind of answer the table gave, and
 //!    how often each check applied, for the coverage table.
+//! 8. No hot loop ([`pacing`]): no participant sends looks, heartbeats or retries on its key
+//!    faster than its pacing allows. The coverage table also counts how often each safety guard
+//!    of the acquisition fired ([`crate::mutant::fired`]).
+//!
+//! **Families**: the main one (`Knobs::default()`), all clock-free, and the lease-edge family
+//! (`Knobs::lease_edge`: a stalled participant whose own lease runs out across its requests).
 //!
 //! **Layout**: [`scenario`] is what a schedule is made of and how a seed generates it;
 //! [`actors`] runs it (the contenders, the real sweeper, TTL, the operator); [`monitor`] holds
@@ -50,6 +56,8 @@ mod actors;
 mod availability;
 #[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod lease_edge;
 pub(crate) mod model;
 mod monitor;
 
@@ -58,9 +66,12 @@ mod mutations;
 #[cfg(test)]
 mod named;
 pub(crate) mod net;
+mod pacing;
 mod scenario;
 #[cfg(test)]
 mod scripted;
+#[cfg(test)]
+mod scripted_lease;
 #[cfg(test)]
 mod tests;
 mod trace;
@@ -82,7 +93,9 @@ use model::{Outcomes, Table};
 use monitor::Ctx;
 use net::{Faults, Net, SimClock};
 use scenario::Knobs;
-use scenario::{ms, plan_faults, plan_keys, plan_scan_lag, plan_workers, EPOCH_MS, SWEEPER_SEED};
+use scenario::{
+    ms, plan_edge, plan_faults, plan_keys, plan_scan_lag, plan_workers, EPOCH_MS, SWEEPER_SEED,
+};
 use trace::Trace;
 
 /// The result of one run.
@@ -130,6 +143,7 @@ pub(crate) fn run(seed: u64, knobs: Knobs) -> Report {
 
 async fn simulate(seed: u64, knobs: Knobs) -> Report {
     let _planted = crate::mutant::plant(knobs.mutant);
+    drop(crate::mutant::take_fired()); // an earlier run's, on this thread
     let origin = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let keys = plan_keys(&mut rng, &knobs);
@@ -154,6 +168,8 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         writes: Mutex::default(),
         requests: Mutex::default(),
         reads: Mutex::default(),
+        log: Mutex::default(),
+        stalled: Mutex::default(),
         round_trip: faults.delay.max(Faults::CALM.delay) * 2 + Duration::from_millis(1),
     });
     let ctx = Ctx {
@@ -181,7 +197,14 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         net.table.lock().map(|t| t.scan_lag).unwrap_or_default()
     ));
 
-    let workers = plan_workers(&mut rng, &keys);
+    let workers = plan_workers(&mut rng, &keys, &knobs);
+    if knobs.lease_edge {
+        let stalled = plan_edge(&mut rng, &workers);
+        ctx.note(format!("{stalled:?} is stalled during the fault phase"));
+        if let Ok(mut s) = net.stalled.lock() {
+            *s = stalled;
+        }
+    }
     for w in &workers {
         ctx.note(format!(
             "{} on {} for {} cycles, clock {:+}ms drift {}ppm",
@@ -243,6 +266,9 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     if let Ok(mut f) = net.faults.lock() {
         *f = Faults::CALM;
     }
+    if let Ok(mut s) = net.stalled.lock() {
+        *s = None;
+    }
     ctx.note("faults stop".into());
     tokio::spawn(watch::stuck_watch(
         ctx.clone(),
@@ -300,6 +326,14 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         .unwrap_or_default();
     monitor::check_removals(&ctx, removals);
     monitor::check_marks(&ctx, marks);
+    pacing::check(&ctx, &keys);
+    // How often each safety guard of the protocol decided something in this run.
+    let fired = crate::mutant::take_fired();
+    ctx.with(|m| {
+        for (guard, n) in fired {
+            *m.checked.entry(guard).or_default() += n;
+        }
+    });
     let m = ctx.with(|m| {
         (
             std::mem::take(&mut m.violations),

@@ -204,3 +204,126 @@ fn a_look_that_ignores_the_protocol_is_granted_beside_the_next_protocols_holder(
         None => panic!("LookIgnoresProtocol survived 200 upgrade schedules"),
     }
 }
+
+fn edge(m: Mutant) -> Knobs {
+    Knobs {
+        mutant: Some(m),
+        lease_edge: true,
+        ..Knobs::default()
+    }
+}
+
+/// The guard in `locker/wait.rs`: a look that comes back clear after our own lease ran out
+/// must not grant. The main family reaches the window rarely (seed 7,972 of the long run);
+/// the lease-edge family CI runs reaches it at schedule 38 (and six more of its 300), and the
+/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+#[test]
+fn a_grant_on_a_look_that_outlasted_our_own_lease_gives_two_holders() {
+    caught_by(
+        "grant on a look that outlasted our own lease",
+        edge(Mutant::GrantPastOwnLease),
+        super::lease_edge::EDGE_SEEDS,
+        &["mutual exclusion"],
+    );
+}
+
+/// The guard in `locker/mod.rs`: a tick id's check that outlasted the lease must not grant.
+#[test]
+fn a_grant_after_a_tick_check_that_outlasted_our_own_lease_gives_two_holders() {
+    let knobs = Knobs {
+        mutant: Some(Mutant::TickCheckPastOwnLease),
+        all_clock_free: true,
+        ..Knobs::default()
+    };
+    caught_by(
+        "grant after a tick check that outlasted our own lease",
+        knobs,
+        666,
+        &["mutual exclusion"],
+    );
+}
+
+/// The one-line slip of issue 29: "has the wait run out" compares the call's start with the
+/// deadline. The waiter looks on after its deadline (the tight wait check) without a pause (the
+/// pacing check), until it is granted.
+#[test]
+fn a_wait_that_never_gives_up_is_caught_by_the_tight_wait() {
+    caught_by(
+        "wait never gives up",
+        mutant(Mutant::WaitNeverGivesUp),
+        1000,
+        &["tight wait"],
+    );
+}
+
+#[test]
+fn a_wait_that_never_gives_up_is_a_hot_loop() {
+    caught_by(
+        "wait never gives up (pacing)",
+        mutant(Mutant::WaitNeverGivesUp),
+        1000,
+        &["hot loop"],
+    );
+}
+
+/// The pace without its floor: a waiter next in line looks again at once around its holder's
+/// due time.
+#[test]
+fn a_pace_without_its_floor_is_a_hot_loop() {
+    caught_by(
+        "pace without its floor",
+        mutant(Mutant::NoPollFloor),
+        1000,
+        &["hot loop"],
+    );
+}
+
+/// Bounded staleness without the skew allowance: a row is removed while its owner, whose clock
+/// is behind, still believes in it.
+#[test]
+fn staleness_without_the_allowance_is_an_early_removal() {
+    caught_by(
+        "stale without the allowance",
+        mutant(Mutant::StaleWithoutAllowance),
+        1000,
+        &["early removal", "mutual exclusion"],
+    );
+}
+
+/// A renewal's lease counted from its answer: the holder believes in more than the stored lease
+/// promises.
+#[test]
+fn a_lease_counted_from_the_answer_is_caught() {
+    caught_by(
+        "lease counted from the answer",
+        mutant(Mutant::LeaseFromAnswer),
+        300,
+        &["lease"],
+    );
+}
+
+/// The guard in `locker/mod.rs`: an enqueue (a seat taken) whose answer came back after our own
+/// lease ran out must not grant. The lease-edge family reaches it within its 300 schedules; the
+/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+#[test]
+fn a_seat_taken_past_our_own_lease_gives_two_holders() {
+    caught_by(
+        "seat granted past our own lease",
+        edge(Mutant::EnqueuePastOwnLease),
+        super::lease_edge::EDGE_SEEDS,
+        &["mutual exclusion"],
+    );
+}
+
+/// The enqueue's conflict backoff with its budget comparison inverted: a forever wait is told
+/// busy at its first transaction conflict (the pacing and tight-wait checks cannot see it: the
+/// call met a fault).
+#[test]
+fn a_conflict_that_gives_up_tells_a_forever_wait_busy() {
+    caught_by(
+        "conflict gives up",
+        mutant(Mutant::ConflictGivesUp),
+        1000,
+        &["forever wait"],
+    );
+}

@@ -23,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::model::{Mutation, Table};
+use super::pacing::{Answered, Sending, Sent};
 use super::trace::Trace;
 use crate::clock::Clock;
 use crate::storage::{Enqueue, Failure, Request, Response, Storage};
@@ -82,6 +83,11 @@ pub(crate) struct Net {
     pub round_trip: Duration,
     /// Per participant, when each of its `Query`s whose answer reached it was applied.
     pub reads: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
+    /// Per participant, every request it sent and when its answer reached it (the pacing check).
+    pub log: Mutex<std::collections::HashMap<String, Vec<Sent>>>,
+    /// The lease-edge family's stalled participant, while the faults last
+    /// ([`super::scenario::plan_edge`]).
+    pub stalled: Mutex<Option<String>>,
 }
 
 /// A write that set an entry's version.
@@ -124,6 +130,17 @@ impl Net {
         self.requests.lock().map_or(0, |r| {
             r.get(who)
                 .map_or(0, |sent| sent.iter().filter(|&&at| at >= from).count())
+        })
+    }
+
+    /// How many looks below its row (first pages) `who` sent at or after `from`.
+    pub(crate) fn looks_since(&self, who: &str, from: Instant) -> usize {
+        self.log.lock().map_or(0, |l| {
+            l.get(who).map_or(0, |sent| {
+                sent.iter()
+                    .filter(|s| s.sent >= from && matches!(s.what, Sending::Look { .. }))
+                    .count()
+            })
         })
     }
 
@@ -222,6 +239,34 @@ impl Storage for Endpoint {
             if ep.dead.load(Ordering::SeqCst) {
                 return std::future::pending().await;
             }
+            let index = ep.net.log.lock().ok().map(|mut log| {
+                let mine = log.entry(ep.who.to_string()).or_default();
+                mine.push(Sent::of(&request, Instant::now()));
+                mine.len() - 1
+            });
+            let result = ep.exchange(request).await;
+            let answered = match &result {
+                Ok(Response::Enqueue(Enqueue::Conflict)) | Err(_) => Answered::Failed,
+                Ok(Response::Renewal(r)) if *r != crate::storage::Renewal::Renewed => {
+                    Answered::Failed
+                }
+                Ok(_) => Answered::Ok,
+            };
+            if let (Some(i), Ok(mut log)) = (index, ep.net.log.lock()) {
+                if let Some(sent) = log.get_mut(&*ep.who).and_then(|l| l.get_mut(i)) {
+                    sent.answered = Some((Instant::now(), answered));
+                }
+            }
+            result
+        })
+    }
+}
+
+impl Endpoint {
+    /// One request over the network: its delays, faults and delivery.
+    async fn exchange(&self, request: Request) -> Result<Response, Failure> {
+        let ep = self.clone();
+        {
             let net = ep.net.clone();
             let rvn = match &request {
                 Request::Enqueue(e) => match e.row.get(crate::schema::RVN) {
@@ -237,10 +282,28 @@ impl Storage for Endpoint {
             let faults = net.faults.lock().map_or(Faults::CALM, |f| *f);
             let operation = request.operation();
             let go = net.delay(&faults);
-            let back = net.delay(&faults);
+            let mut back = net.delay(&faults);
             let started = Instant::now();
             if let Ok(mut r) = net.requests.lock() {
                 r.entry(ep.who.to_string()).or_default().push(started);
+            }
+            let stalled = net
+                .stalled
+                .lock()
+                .is_ok_and(|s| s.as_deref() == Some(&*ep.who));
+            if stalled {
+                if matches!(request, Request::Heartbeat(_)) {
+                    tokio::time::sleep(go).await;
+                    net.fault(&ep.who, started, Instant::now());
+                    net.trace.line(format!(
+                        "{} stalled: refused {}",
+                        ep.who,
+                        describe(&request)
+                    ));
+                    return Err(retry(operation, "stalled: heartbeat refused", true));
+                }
+                back = net.attempt_timeout.mul_f64(1.0 + net.roll());
+                net.fault(&ep.who, started, started + go + back);
             }
             if go > faults.delay || back > faults.delay {
                 net.fault(&ep.who, started, started + go + back);
@@ -272,7 +335,7 @@ impl Storage for Endpoint {
                     .line(format!("{} conflict on {}", ep.who, describe(&request)));
                 return Ok(Response::Enqueue(Enqueue::Conflict));
             }
-            let lose = net.roll() < faults.lose_answer;
+            let lose = net.roll() < faults.lose_answer || (stalled && net.roll() < 0.5);
             let duplicate = net.roll() < faults.duplicate;
             let again = net.delay(&faults) + faults.delay;
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -322,7 +385,7 @@ impl Storage for Endpoint {
                     Err(retry(operation, "attempt timeout", false))
                 }
             }
-        })
+        }
     }
 }
 

@@ -39,6 +39,11 @@ pub(crate) struct Knobs {
     pub all_clock_free: bool,
     /// A deliberate defect in the protocol's own code (see [`mutant`]).
     pub mutant: Option<mutant::Mutant>,
+    /// The lease-edge family: one key, small allowances and polls, and during the fault phase
+    /// one stalled participant whose heartbeats are refused and whose answers come late (half
+    /// the time not at all), so its own lease runs out across its requests: its last look, its
+    /// enqueue, its tick id's check (see [`plan_edge`]).
+    pub lease_edge: bool,
 }
 
 /// One key's settings.
@@ -66,14 +71,26 @@ pub(super) fn ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
 }
 
 pub(super) fn plan_keys(rng: &mut StdRng, knobs: &Knobs) -> Vec<KeyPlan> {
-    let n = if rng.random_bool(0.6) { 1 } else { 2 };
+    let n = if rng.random_bool(0.6) || knobs.lease_edge {
+        1
+    } else {
+        2
+    };
     (0..n)
         .map(|i| {
-            let lease = ms(rng, 600, 3000);
-            let heartbeat = lease / rng.random_range(2..=4);
-            let poll = ms(rng, 10, 80);
-            let max_poll = poll * rng.random_range(2..=10);
-            let allowance = ms(rng, 50, 500);
+            let mut lease = ms(rng, 600, 3000);
+            let mut heartbeat = lease / rng.random_range(2..=4);
+            let mut poll = ms(rng, 10, 80);
+            let mut max_poll = poll * rng.random_range(2..=10);
+            let mut allowance = ms(rng, 50, 500);
+            if knobs.lease_edge {
+                // Drawn after the rest, so the other families' plans do not move.
+                lease = ms(rng, 1200, 3000);
+                heartbeat = lease / 3;
+                poll = ms(rng, 5, 20);
+                max_poll = poll * rng.random_range(2..=4);
+                allowance = ms(rng, 20, 100);
+            }
             let clock_free = knobs.all_clock_free || rng.random_bool(0.3);
             let spread_ms = crate::clock::millis(allowance) / 2;
             let told = if knobs.understate_skew {
@@ -121,8 +138,10 @@ pub(super) fn plan_faults(rng: &mut StdRng) -> Faults {
 }
 
 /// The participants: each on one key, with its cycles, its clock and a seed of its own.
-pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan]) -> Vec<WorkerPlan> {
-    (0..rng.random_range(2..=6))
+pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan], knobs: &Knobs) -> Vec<WorkerPlan> {
+    // The lease-edge family wants someone behind the stalled participant to pass it over.
+    let least = if knobs.lease_edge { 3 } else { 2 };
+    (0..rng.random_range(least..=6))
         .map(|i| {
             let key = rng.random_range(0..keys.len());
             let (offset_ms, drift_ppm) = if keys[key].opts.clock_free() {
@@ -144,4 +163,15 @@ pub(super) fn plan_workers(rng: &mut StdRng, keys: &[KeyPlan]) -> Vec<WorkerPlan
             }
         })
         .collect()
+}
+
+/// The lease-edge family's stalled participant (one of `workers`): during the fault phase its
+/// heartbeats are refused, and every other request of it is applied at once but answered
+/// between one and two attempt timeouts later, half the time not at all (a
+/// connection congested one way). Its lease runs out a lease after its last confirmed write,
+/// whatever it is doing: looking, enqueueing, checking its tick id. Others meanwhile judge its
+/// entry dead and pass it over, so a request of it that comes back after that must not grant.
+pub(super) fn plan_edge(rng: &mut StdRng, workers: &[WorkerPlan]) -> Option<String> {
+    let i = rng.random_range(0..workers.len().max(1));
+    workers.get(i).map(|w| w.who.clone())
 }

@@ -17,9 +17,9 @@ use crate::storage::{Enqueue, EnqueueRequest, Request, Response};
 /// Schedules the main test explores by default (and a third as many all clock-free). The test
 /// build is optimised (`[profile.test.package.flightlock]`), which pays for twice the 1,000 the
 /// debug build could afford, and the rarer answers need them.
-const SEEDS: u64 = 2000;
+pub(super) const SEEDS: u64 = 2000;
 
-fn env_u64(name: &str, default: u64) -> u64 {
+pub(super) fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -31,7 +31,7 @@ pub(super) fn explain(r: &Report) -> String {
 }
 
 /// As [`explain`], with the replay command of another family of schedules.
-fn explain_as(r: &Report, var: &str, test: &str) -> String {
+pub(super) fn explain_as(r: &Report, var: &str, test: &str) -> String {
     let tail: Vec<&String> = r.trace.iter().rev().take(80).collect();
     let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
     format!(
@@ -105,6 +105,11 @@ const CHECKS: &[&str] = &[
     "loss notice (entry removed under a holder)",
     "progress (handoff gap)",
     "hold kept over 3+ leases, fault-free",
+    "tight wait: no look after the last",
+    super::pacing::LOOKS,
+    super::pacing::BEATS,
+    super::pacing::RETRIES,
+    "forever wait never busy",
 ];
 
 /// Sums of a family of runs: answers by kind, checks applied, paths taken.
@@ -466,6 +471,26 @@ fn replay_clock_free() {
         seed,
         Knobs {
             all_clock_free: true,
+            ..Knobs::default()
+        },
+    );
+    for line in &r.trace {
+        println!("{line}");
+    }
+    println!("violations: {:#?}", r.violations);
+}
+
+/// `FLIGHTLOCK_SIM_EDGE_SEED=<n>`: a lease-edge schedule, its whole trace.
+#[test]
+fn replay_lease_edge() {
+    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_EDGE_SEED") else {
+        return;
+    };
+    let seed: u64 = seed.parse().expect("FLIGHTLOCK_SIM_EDGE_SEED is a number");
+    let r = run(
+        seed,
+        Knobs {
+            lease_edge: true,
             ..Knobs::default()
         },
     );

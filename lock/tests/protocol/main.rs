@@ -14,6 +14,7 @@ mod faults;
 mod fifo;
 mod lost;
 mod once;
+mod pacing;
 mod skew;
 mod ticks;
 mod usage;
