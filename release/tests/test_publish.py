@@ -219,3 +219,37 @@ def test_the_committed_page_says_there_is_no_release_yet():
     text = (ROOT / "docs/src/reference/layers.md").read_text()
     generated = text.split(publish.TABLE_BEGIN)[1].split(publish.TABLE_END)[0]
     assert "No release has been published yet" in generated
+
+
+def test_verify_refuses_a_layer_that_is_not_the_sealed_one(tmp_path, recorder):
+    dist = tmp_path / "dist"
+    fake_release(dist, arches=("x86_64",))
+    args = ["publish", "--dist", str(dist), "--regions", "us-east-1", "--arch", "x86_64"]
+    assert publish.main(args, recorder) == 0
+    release = publish.Release.load(dist)
+    lam = boto3.client("lambda", region_name="us-east-1")
+    name = "flightlock-x86_64-0_1_0"
+    principal = publish.Principal.parse("*")
+    publish.verify(lam, release, "us-east-1", "x86_64", principal, name, 1)
+    release.zips["x86_64"] = dict(release.zips["x86_64"], code_sha256="AAAA", size=1)
+    with pytest.raises(publish.PublishError, match="CodeSha256 .*expected AAAA; CodeSize .*expected 1"):
+        publish.verify(lam, release, "us-east-1", "x86_64", principal, name, 1)
+    with pytest.raises(publish.PublishError, match="no statement flightlock-account-210987654321"):
+        publish.verify(lam, publish.Release.load(dist), "us-east-1", "x86_64",
+                       publish.Principal.parse("210987654321"), name, 1)
+
+
+def test_statements_are_read_in_the_forms_aws_documents():
+    base = {"Sid": "s", "Effect": "Allow", "Action": "lambda:GetLayerVersion", "Resource": "arn"}
+    public = dict(base, Principal="*")
+    # AddLayerVersionPermission's documented policy forms: an account as its root ARN, an
+    # Organization as a condition on aws:PrincipalOrgID.
+    account = dict(base, Principal={"AWS": "arn:aws:iam::210987654321:root"})
+    org = dict(public, Condition={"StringEquals": {"aws:PrincipalOrgID": "o-abcdef1234"}})
+    p_public, p_account, p_org = (publish.Principal.parse(x) for x in ("*", "210987654321", "o-abcdef1234"))
+    assert p_public.matches(public) and not p_public.matches(org) and not p_public.matches(account)
+    assert p_account.matches(account) and not p_account.matches(public)
+    assert p_org.matches(org) and not p_org.matches(public)
+    assert not p_org.matches(dict(org, Condition={"StringEquals": {"aws:PrincipalOrgID": "o-other12345"}}))
+    assert not p_public.matches(dict(public, Effect="Deny"))
+    assert not p_public.matches(dict(public, Action="lambda:*"))
