@@ -47,8 +47,10 @@ fn from_env() -> Option<String> {
 /// The `"sha1": "<hex>"` of `.cargo_vcs_info.json` (written by `cargo package`).
 fn from_vcs_info(dir: &str) -> Option<String> {
     let path = std::path::Path::new(dir).join(".cargo_vcs_info.json");
-    println!("cargo:rerun-if-changed={}", path.display());
+    // Watched only when present (a packed crate): cargo re-runs a build script on every build
+    // while a watched file is missing, and a checkout never has this one.
     let text = std::fs::read_to_string(&path).ok()?;
+    println!("cargo:rerun-if-changed={}", path.display());
     let rest = &text[text.find("\"sha1\"")? + "\"sha1\"".len()..];
     let rest = &rest[rest.find('"')? + 1..];
     let sha = &rest[..rest.find('"')?];
@@ -73,17 +75,31 @@ fn git(dir: &str, args: &[&str]) -> Option<String> {
 
 fn from_git(dir: &str) -> Option<String> {
     let sha = git(dir, &["rev-parse", "HEAD"])?;
-    // HEAD names the branch; the branch's file (or packed-refs) changes with each commit.
+    // HEAD names the branch; the branch's file (or packed-refs) changes with each commit. Only
+    // existing paths are watched (cargo re-runs a build script on every build while a watched
+    // path is missing); a branch whose ref is packed has no file yet, so its directory is
+    // watched instead, where the next commit writes it.
     let mut watch = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
     if let Some(branch) = git(dir, &["symbolic-ref", "-q", "HEAD"]) {
         watch.push(branch);
     }
     for name in watch {
-        if let Some(path) = git(
+        let Some(path) = git(
             dir,
             &["rev-parse", "--path-format=absolute", "--git-path", &name],
-        ) {
-            println!("cargo:rerun-if-changed={path}");
+        ) else {
+            continue;
+        };
+        let path = std::path::PathBuf::from(path);
+        let watched = if path.exists() {
+            Some(path.as_path())
+        } else if name.starts_with("refs/") {
+            path.parent().filter(|p| p.is_dir())
+        } else {
+            None
+        };
+        if let Some(p) = watched {
+            println!("cargo:rerun-if-changed={}", p.display());
         }
     }
     Some(short(&sha))
