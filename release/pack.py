@@ -35,8 +35,9 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-# The size gate. A layer this size is ~4x the current one; growing past it means something new
-# is compiled in and deserves a look (cold start reads the layer). Lambda's own limits are far
+# The size gate. The x86_64 layer zip of 0.1.0 is 5.7 MB (its extension 15.4 MB unzipped); a zip
+# near three times that means something large was compiled in and deserves a look (cold start
+# reads the layer). Lambda's own limits are far
 # above: 50 MB zipped for a direct upload, 250 MB unzipped for a function and all its layers.
 LAYER_ZIP_LIMIT = 16 * 1024 * 1024
 FUNCTION_ZIP_LIMIT = 16 * 1024 * 1024
