@@ -22,6 +22,7 @@
 //! | `peer` | which runtime process is on the other end of a proxy connection (`/proc/net/tcp` → socket → process → wrapped ancestor) |
 //! | `metrics` | CloudWatch EMF lines |
 //! | `body` | streamed bodies, end-of-body notification |
+//! | `build_info` | the version and commit of this build (the init log line names both) |
 //! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
 //! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
@@ -30,6 +31,7 @@
 //! `docs/src/reference/metrics.md`).
 
 pub mod body;
+pub mod build_info;
 pub mod crash_watch;
 pub mod extensions_api;
 pub mod invocations;

@@ -15,7 +15,7 @@ use flightlock_extension::invocations::{Invocations, FORGET_AFTER};
 use flightlock_extension::lifecycle;
 use flightlock_extension::mode::{self, Mode};
 use flightlock_extension::proxy::{self, Proxy};
-use flightlock_extension::{telemetry, wrapper_check};
+use flightlock_extension::{build_info, telemetry, wrapper_check};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -173,7 +173,16 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         }),
     );
     tokio::spawn(proxy.clone().serve(listener));
-    tracing::info!(%addr, key = %config.key, tick = %config.tick, table = %config.table, mode = mode.name(), "flightlock proxy listening");
+    tracing::info!(
+        version = build_info::VERSION,
+        commit = build_info::COMMIT,
+        %addr,
+        key = %config.key,
+        tick = %config.tick,
+        table = %config.table,
+        mode = mode.name(),
+        "flightlock proxy listening"
+    );
 
     // 4. Register (INVOKE and SHUTDOWN; SHUTDOWN only on Managed Instances, which refuses
     // INVOKE) and run until SHUTDOWN. A refusal is an init error naming the cause and the fix.

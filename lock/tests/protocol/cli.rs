@@ -200,3 +200,31 @@ async fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
     // Either way the lock was released.
     assert!(env.queue("job").await.is_empty());
 }
+
+/// `flightlock --version` names the crate version and the commit of the build: this checkout's
+/// HEAD when git can tell (lock/build.rs watches HEAD, so a new commit rebuilds).
+#[test]
+fn version_names_the_version_and_the_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flightlock"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let head = Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout)[..12].to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    let commit = std::env::var("FLIGHTLOCK_BUILD_COMMIT")
+        .ok()
+        .map(|c| c.trim().chars().take(12).collect::<String>())
+        .filter(|c| !c.is_empty())
+        .unwrap_or(head);
+    assert_eq!(
+        line,
+        format!("flightlock {} (commit {commit})", env!("CARGO_PKG_VERSION"))
+    );
+}

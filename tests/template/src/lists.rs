@@ -242,7 +242,10 @@ fn the_simulations_schedule_counts_are_the_tests() {
     let source = read("lock/src/sim/tests.rs");
     let seeds: u64 = source
         .lines()
-        .find_map(|l| l.strip_prefix("const SEEDS: u64 = "))
+        .find_map(|l| {
+            let l = l.strip_prefix("pub(super) ").unwrap_or(l);
+            l.strip_prefix("const SEEDS: u64 = ")
+        })
         .and_then(|v| v.trim_end_matches(';').replace('_', "").parse().ok())
         .expect("const SEEDS in lock/src/sim/tests.rs");
     assert!(

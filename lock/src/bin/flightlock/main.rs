@@ -36,10 +36,18 @@ pub const EXIT_USAGE: u8 = 2;
 /// The log levels `--log-level` accepts (as `FLIGHTLOCK_LOG_LEVEL` does in Lambda).
 const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
+/// `flightlock --version`: the crate version and the commit of this build (lock/build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("FLIGHTLOCK_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "flightlock",
-    version,
+    version = VERSION,
     about = "A FIFO, fenced DynamoDB lock from the shell"
 )]
 struct Cli {

@@ -1,0 +1,10 @@
+//! Build script: `FLIGHTLOCK_COMMIT`, the commit of this build, for the init log line
+//! (see lock/build/commit.rs for where it comes from).
+
+include!("../lock/build/commit.rs");
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=../lock/build/commit.rs");
+    emit_commit();
+}
