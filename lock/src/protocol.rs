@@ -8,7 +8,7 @@
 //!
 //! - every write that touches the counter (its creation, the enqueue's counter update, the seat's
 //!   take, heartbeat, release and removal, the tick's mark) adds [`CONDITION`] to its condition,
-//!   and a refusal's `ALL_OLD` counter tells "newer protocol" ([`check`]) from its other
+//!   and a refusal's `ALL_OLD` counter tells "newer protocol" (`check`) from its other
 //!   refusals;
 //! - every read that returns the counter (the enqueue's `Query`, a waiter's look once it reaches
 //!   the counter, the first-row read, status, the sweeper's read of a key before it removes

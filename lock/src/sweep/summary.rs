@@ -21,7 +21,7 @@ pub enum RowOutcome {
     /// The budget ran out before the delete was tried.
     NotTried,
     /// Its key was switched to a newer protocol than this build speaks since the scan read it:
-    /// left alone (counted in [`SweepSummary::newer_protocol`]).
+    /// left alone (counted in `SweepSummary::newer_protocol`).
     NewerProtocol,
 }
 
