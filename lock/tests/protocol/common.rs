@@ -69,6 +69,27 @@ impl Env {
             .unwrap();
         out.items.unwrap_or_default()
     }
+
+    /// Writes `items` straight into the table (unconditional puts), in order.
+    pub async fn put(&self, items: Vec<HashMap<String, AttributeValue>>) {
+        for item in items {
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// This machine's wall clock, epoch milliseconds.
+pub fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(since.as_millis()).unwrap()
 }
 
 /// Short timings so tests finish quickly.

@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
@@ -126,16 +126,6 @@ fn describe_one(label: &str, r: &Value) -> String {
     parts.join(" | ")
 }
 
-fn now_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
 async fn recording_client(env: &Env, recorder: &Recorder) -> Client {
     let base = flightlock_testkit::client(&env.endpoint).await;
     let config = base
@@ -144,18 +134,6 @@ async fn recording_client(env: &Env, recorder: &Recorder) -> Client {
         .interceptor(recorder.clone())
         .build();
     Client::from_conf(config)
-}
-
-async fn put(env: &Env, items: Vec<seed::Item>) {
-    for item in items {
-        env.client
-            .put_item()
-            .table_name(&env.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .unwrap();
-    }
 }
 
 /// Holds long enough for several heartbeats of [`fast`]'s 300 ms interval, so a waiter's row
@@ -213,14 +191,11 @@ async fn record() -> BTreeSet<String> {
         .unwrap();
     // Dead entries passed over: a row and a seat.
     let dead = now_ms() - 3_600_000;
-    put(
-        &env,
-        vec![
-            seed::counter("stale-row", 1),
-            seed::row("stale-row", 1, "gone", "r1", dead),
-            seed::seat("stale-seat", 1, "gone", "r1", dead),
-        ],
-    )
+    env.put(vec![
+        seed::counter("stale-row", 1),
+        seed::row("stale-row", 1, "gone", "r1", dead),
+        seed::seat("stale-seat", 1, "gone", "r1", dead),
+    ])
     .await;
     for key in ["stale-row", "stale-seat"] {
         let opts = LockOptions {
@@ -235,14 +210,11 @@ async fn record() -> BTreeSet<String> {
             .unwrap();
     }
     // The sweep: a dead row and a dead seat.
-    put(
-        &env,
-        vec![
-            seed::counter("swept-row", 1),
-            seed::row("swept-row", 1, "gone", "r1", dead),
-            seed::seat("swept-seat", 1, "gone", "r1", dead),
-        ],
-    )
+    env.put(vec![
+        seed::counter("swept-row", 1),
+        seed::row("swept-row", 1, "gone", "r1", dead),
+        seed::seat("swept-seat", 1, "gone", "r1", dead),
+    ])
     .await;
     let sweeper = Sweeper::new(recording_client(&env, &recorder).await, &env.table);
     let summary = sweeper.sweep(&SweepOptions::default()).await.unwrap();

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Output;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use flightlock::lambda::config::Config;
@@ -20,16 +20,6 @@ use crate::cli::cli;
 use crate::common::*;
 
 const NEWER: u32 = PROTOCOL + 1;
-
-fn now_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
 
 fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.into())
@@ -57,15 +47,7 @@ async fn put_newer_key(env: &Env, key: &str) {
     ]);
     let mut dead_row = seed::row(key, 6, "v2-gone", "r6", now_ms() - 3_600_000);
     dead_row.insert("protocol".to_owned(), n(NEWER));
-    for item in [counter, dead_row] {
-        env.client
-            .put_item()
-            .table_name(&env.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .unwrap();
-    }
+    env.put(vec![counter, dead_row]).await;
 }
 
 /// The key's items, comparable: attribute name to value, by sort key.
