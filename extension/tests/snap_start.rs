@@ -152,9 +152,11 @@ async fn a_restore_through_the_proxy_renews_connections_and_host_id() {
     );
     assert!(relay.after.load(Ordering::SeqCst) >= 1);
     let holder = Locker::new(direct, &table)
-        .holder("snap", ClockSkew::Bounded(Duration::from_secs(1)))
+        .holders("snap", ClockSkew::Bounded(Duration::from_secs(1)))
         .await
         .unwrap()
+        .into_iter()
+        .next()
         .expect("the first invocation holds the key");
     assert_eq!(holder.info.request_id.as_ref(), Some(&r1));
     let host = holder.info.host.unwrap_or_default();

@@ -107,14 +107,19 @@ pub enum Error {
         problem: String,
     },
     /// The key stayed held for the whole wait (`wait = 0`: it was held).
-    #[error("lock `{key}` is busy: {} (gave up after {waited:.1?})", describe_holder(.holder))]
+    #[error("lock `{key}` is busy: {} (gave up after {waited:.1?})", describe_holders(.holders, *.permits))]
     Busy {
         /// Lock key.
         key: String,
         /// How long we waited.
         waited: Duration,
-        /// The holder, if known.
-        holder: Option<Box<HeldBy>>,
+        /// The holders, when known (the first live entries of the queue, at most `permits`):
+        /// empty when the acquisition gave up without reading them (it lost the race to
+        /// enqueue).
+        holders: Vec<HeldBy>,
+        /// The key's number of permits ([`crate::LockOptions::permits`]): busy means that many
+        /// were held, or earlier waiters were queued.
+        permits: u32,
     },
     /// Once per tick: the tick already ran successfully (a duplicate delivery or a retry of a
     /// run that succeeded), or a newer tick did (a schedule never runs backwards). The lock is
@@ -187,6 +192,25 @@ pub enum Error {
         /// The highest protocol this build speaks ([`crate::PROTOCOL`]).
         speaks: u32,
     },
+    /// The key's counter says it allows a different number of holders at a time than this
+    /// participant was configured with ([`crate::LockOptions::permits`]). Refused without being
+    /// granted and without removing anything but our own waiting entry: a key has one number of
+    /// permits, agreed by everyone on it, so nobody grants beyond what the key allows.
+    #[error(
+        "lock `{key}` allows {table} holder(s) at a time, but this participant is configured with \
+         {configured}: it was refused, not granted. Configure every participant on the key with \
+         permits = {table} (`--permits`, `FLIGHTLOCK_PERMITS`), or change the key's permits with \
+         `flightlock permits --key {key} --set N` (see {guide})",
+        guide = crate::protocol::PERMITS_GUIDE
+    )]
+    PermitsMismatch {
+        /// Lock key.
+        key: String,
+        /// The permits the key's counter carries (1 when it carries none).
+        table: u32,
+        /// The permits this participant was configured with.
+        configured: u32,
+    },
     /// Any other DynamoDB failure, after retries.
     #[error("dynamodb:{operation} failed: {source}")]
     Dynamo {
@@ -210,11 +234,23 @@ pub struct HeldBy {
     pub info: HolderInfo,
 }
 
-fn describe_holder(holder: &Option<Box<HeldBy>>) -> String {
-    match holder {
-        None => "held by another owner".into(),
-        Some(h) => {
-            let mut s = format!("held by ticket {} (owner {}", h.ticket, h.owner);
+fn describe_holders(holders: &[HeldBy], permits: u32) -> String {
+    let of = if permits > 1 {
+        format!(" ({} of {permits} permits)", holders.len())
+    } else {
+        String::new()
+    };
+    if holders.is_empty() {
+        return if permits > 1 {
+            format!("all {permits} permits held, or earlier waiters queued")
+        } else {
+            "held by another owner".into()
+        };
+    }
+    let each = holders
+        .iter()
+        .map(|h| {
+            let mut s = format!("ticket {} (owner {}", h.ticket, h.owner);
             for (label, v) in [
                 ("function", &h.info.function),
                 ("request", &h.info.request_id),
@@ -226,14 +262,22 @@ fn describe_holder(holder: &Option<Box<HeldBy>>) -> String {
             }
             s.push(')');
             s
-        }
-    }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("held by {each}{of}")
 }
 
 impl Error {
     /// True for [`Error::Busy`]: the key was held for the whole wait.
     pub fn is_busy(&self) -> bool {
         matches!(self, Error::Busy { .. })
+    }
+
+    /// True for [`Error::PermitsMismatch`]: the key allows a different number of holders than
+    /// this participant was configured with.
+    pub fn is_permits_mismatch(&self) -> bool {
+        matches!(self, Error::PermitsMismatch { .. })
     }
 
     /// True for [`Error::ProtocolTooNew`]: the key runs a newer protocol than this build.

@@ -158,6 +158,7 @@ impl LockGuard {
         let hint = Hint {
             ticket: m.ticket,
             owner: m.owner.to_string(),
+            permits: m.permits(),
         };
         let held = tokio::time::Instant::now().saturating_duration_since(self.granted_at);
         let hint_ticket = m.ticket;

@@ -27,7 +27,7 @@ use crate::error::Error;
 use crate::liveness::backoff;
 use crate::options::LockOptions;
 use crate::retry::Policy;
-use crate::storage::{Beat, Failure, Owned, Renewal, Store};
+use crate::storage::{Beat, Failure, Owned, Renewal, Speaks, Store};
 
 /// Why a lock (or a place in the queue) was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -121,6 +121,10 @@ pub(crate) struct Membership {
     failures: Arc<AtomicU64>,
     pub(crate) clock: Arc<dyn Clock>,
     left: bool,
+    /// Our version condition on the seat ([`Speaks::maintain`] of our permits).
+    speaks: Speaks,
+    /// Our permits.
+    permits: u32,
 }
 
 impl Membership {
@@ -148,6 +152,8 @@ impl Membership {
         let granted_at_ms = Arc::new(AtomicI64::new(if granted { wall_ms } else { 0 }));
         let key: Arc<str> = key.into();
         let owner: Arc<str> = owner.into();
+        let permits = timing.opts.permits;
+        let speaks = Speaks::maintain(permits);
         let task = tokio::spawn(
             Heartbeat {
                 store: store.clone(),
@@ -177,7 +183,14 @@ impl Membership {
             failures,
             clock,
             left: false,
+            speaks,
+            permits,
         }
+    }
+
+    /// The permits the entry was granted under.
+    pub(crate) fn permits(&self) -> u32 {
+        self.permits
     }
 
     /// Heartbeats that failed (and were retried) so far.
@@ -229,6 +242,7 @@ impl Membership {
             (self.ticket, self.seat),
             &self.owner,
             done,
+            self.speaks,
         )
         .await?;
         Ok(if lost { Owned::No } else { owned })
@@ -248,17 +262,18 @@ impl Drop for Membership {
         // Dropped without `leave` (a cancelled acquire, a guard not released): remove the row in
         // the background if a runtime is still there; otherwise it goes stale after one lease.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (store, clock, key, owner, ticket, seat) = (
+            let (store, clock, key, owner, ticket, seat, speaks) = (
                 self.store.clone(),
                 self.clock.clone(),
                 self.key.clone(),
                 self.owner.clone(),
                 self.ticket,
                 self.seat,
+                self.speaks,
             );
             let tracker = self.store.background().clone();
             tracker.spawn_on(async move {
-                if let Err(e) = delete_with_retry(&store, &*clock, &key, (ticket, seat), &owner, None).await {
+                if let Err(e) = delete_with_retry(&store, &*clock, &key, (ticket, seat), &owner, None, speaks).await {
                     tracing::warn!(key = %key, ticket, error = %e, "background release failed; the row will be passed over after its lease");
                 }
             }, &rt);
@@ -282,12 +297,13 @@ pub(crate) async fn delete_with_retry(
     (ticket, seat): (u64, bool),
     owner: &str,
     mut done: Option<i64>,
+    speaks: Speaks,
 ) -> Result<Owned, Error> {
     let give_up = Instant::now() + Duration::from_secs(5);
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
-        let failure = match store.delete_owned(key, ticket, seat, owner, done).await {
+        let failure = match store.delete_owned(key, ticket, seat, owner, done, speaks).await {
             Ok(Owned::No) if ambiguous => return Ok(Owned::Yes),
             Ok(Owned::NotMarked) => {
                 tracing::warn!(key, ticket, tick = ?done, "a newer tick is marked done already; releasing without marking ours");
@@ -378,6 +394,7 @@ impl Heartbeat {
                 expires_at: opts.expires_at(lease_until_ms),
                 rvn,
                 acquired_at_ms: (granted_at_ms > 0).then_some(granted_at_ms),
+                speaks: Speaks::maintain(opts.permits),
             };
             let result = tokio::select! {
                 biased;

@@ -22,6 +22,9 @@ pub(crate) const MAX_KEYS: usize = 4096;
 pub(crate) struct Hint {
     pub ticket: u64,
     pub owner: String,
+    /// The permits the released entry was granted under: the hint is only good for an
+    /// acquisition with the same (fewer than that many were ahead of `ticket` at its grant).
+    pub permits: u32,
 }
 
 /// Per-process memory of keys.
@@ -196,6 +199,7 @@ mod tests {
                 Some(Hint {
                     ticket: 1,
                     owner: "o".into(),
+                    permits: 1,
                 }),
             );
             m.held(&format!("k{i}"), Duration::from_millis(5));

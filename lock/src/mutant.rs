@@ -99,6 +99,15 @@ pub(crate) enum Mutant {
     /// `locker/enqueue.rs`: "would the pause after a transaction conflict end past the retry
     /// budget" inverted: any conflict answers busy, even to a forever wait.
     ConflictGivesUp,
+    /// `locker/enqueue.rs`: "every permit is taken" compares with `>` instead of `>=`: one live
+    /// entry too many is ahead when a waiter is granted (N + 1 holders).
+    PermitsOffByOne,
+    /// `locker/enqueue.rs`: only granted entries (the seat, rows with a grant time) count against
+    /// the permits: a waiter ahead that has not been granted yet is overtaken.
+    PermitsCountOnlyHolders,
+    /// `locker/enqueue.rs`: the counter's seat is not counted against the permits (it is still
+    /// judged, passed over and removed like any entry).
+    SeatNotCounted,
 }
 
 thread_local! {

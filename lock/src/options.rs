@@ -127,7 +127,18 @@ pub struct LockOptions {
     /// [`Error::Superseded`]; an acquisition whose read shows a newer tick already queued answers
     /// it at once. Needs a wait (not [`Wait::NoWait`]). Default: off (every waiter waits its turn).
     pub coalesce: bool,
+    /// At most this many holders of the key at a time: a FIFO counting semaphore. Waiters are
+    /// granted in ticket order as permits free up; each holder has its own lease, heartbeat,
+    /// loss notice and release. Default 1: a lock, exactly as before (protocol 1 on the table).
+    /// A key has one number of permits, kept on its counter by the first participant that
+    /// creates it: a participant configured with another gets [`Error::PermitsMismatch`]. Up to
+    /// [`MAX_PERMITS`]; more than 1 needs no `tick` and no `coalesce` (once per tick is a
+    /// one-at-a-time promise).
+    pub permits: u32,
 }
+
+/// The most permits a key may have ([`LockOptions::permits`]).
+pub const MAX_PERMITS: u32 = 100;
 
 /// The default [`LockOptions::tick_keep`]: 30 h.
 pub const DEFAULT_TICK_KEEP: Duration = Duration::from_secs(30 * 3600);
@@ -149,6 +160,7 @@ impl Default for LockOptions {
             tick: None,
             tick_keep: DEFAULT_TICK_KEEP,
             coalesce: false,
+            permits: 1,
         }
     }
 }
@@ -224,6 +236,25 @@ impl LockOptions {
             if let Err(problem) = tick.validate() {
                 return bad("tick", problem);
             }
+        }
+        if self.permits == 0 || self.permits > MAX_PERMITS {
+            return bad(
+                "permits",
+                format!(
+                    "{} is out of range; use 1 (one at a time, the default) up to {MAX_PERMITS}",
+                    self.permits
+                ),
+            );
+        }
+        if self.permits > 1 && (self.tick.is_some() || self.coalesce) {
+            return bad(
+                "permits",
+                format!(
+                    "{} permits cannot be combined with a tick or coalesce: once per tick and \
+                     coalescing promise one run at a time; use permits = 1 for them",
+                    self.permits
+                ),
+            );
         }
         if self.tick_keep < Duration::from_secs(1) || self.tick_keep > MAX_TICK_KEEP {
             return bad(

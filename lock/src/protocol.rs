@@ -24,30 +24,123 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::Error;
-use crate::schema::PROTOCOL_ATTR;
+use crate::schema::{PERMITS_ATTR, PROTOCOL_ATTR};
 use crate::storage::Item;
 
 /// The highest protocol version this build speaks. An absent `protocol` attribute on a key's
 /// counter means 1. Changing what the table holds or how a request is conditioned changes this
 /// number (see `CONTRIBUTING.md` and `lock/tests/protocol/snapshot.rs`).
-pub const PROTOCOL: u32 = 1;
+///
+/// - **1**: one holder at a time. The counter carries no `protocol` (or `1`) and no `permits`.
+/// - **2**: N holders at a time ([`crate::LockOptions::permits`] above 1): the counter carries
+///   `protocol = 2` and `permits = N`, and rows carry `protocol = 2`. A key with one permit stays
+///   on protocol 1, byte for byte, so a participant configured with one permit writes exactly
+///   what a protocol 1 build writes ([`Speaks::Permits`]`(1)` conditions on `:speaks = 1`).
+pub const PROTOCOL: u32 = 2;
 
 /// Where a user who meets [`Error::ProtocolTooNew`] reads what to do.
 pub const UPGRADE_GUIDE: &str = "docs/src/operations/upgrades.md";
 
+/// Where a user who meets [`Error::PermitsMismatch`] reads how to change a key's permits.
+pub const PERMITS_GUIDE: &str = "docs/src/guide/n-at-a-time.md";
+
 /// The condition every write that touches the counter carries: the key runs a protocol this
 /// build speaks. `#proto` names [`PROTOCOL_ATTR`], `:speaks` is [`PROTOCOL`].
 pub const CONDITION: &str = "(attribute_not_exists(#proto) OR #proto <= :speaks)";
+
+/// The condition of a participant configured with more than one permit: the key runs protocol 2
+/// *and* has exactly our permits. A key of one permit (protocol 1), of other permits, or of a
+/// newer protocol refuses the write; the refusal's `ALL_OLD` counter says which ([`check`]).
+pub const PERMITS_CONDITION: &str = "(#proto = :speaks AND #permits = :permits)";
+
+/// The placeholder of [`crate::schema::PERMITS_ATTR`] in [`PERMITS_CONDITION`].
+pub(crate) const PERMITS_NAME: &str = "#permits";
+/// The placeholder of our permits in [`PERMITS_CONDITION`].
+pub(crate) const PERMITS_VALUE: &str = ":permits";
+
+/// Who writes or reads a key, as far as its version goes: what its writes are conditioned on,
+/// and what its reads accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Speaks {
+    /// A participant configured with this many permits. One: protocol 1, exactly as a protocol 1
+    /// build (the key must carry no `permits`). More: protocol 2, and the key's `permits` must be
+    /// ours. Anything else is [`Error::PermitsMismatch`] (or [`Error::ProtocolTooNew`]).
+    Permits(u32),
+    /// The sweeper and status: any protocol this build speaks, any permits (a dead entry is dead
+    /// whatever the key's permits).
+    Any,
+}
+
+impl Speaks {
+    /// What a participant with `permits` conditions its writes on when it maintains an entry it
+    /// already has (the seat's heartbeat, release, a stale seat's removal): with one permit,
+    /// protocol 1 exactly; with more, any protocol this build speaks (the key's permits decide
+    /// grants, not the upkeep of an entry already granted or queued).
+    pub(crate) fn maintain(permits: u32) -> Speaks {
+        if permits > 1 {
+            Speaks::Any
+        } else {
+            Speaks::Permits(1)
+        }
+    }
+
+    /// The protocol this speaker's writes are conditioned on (`:speaks`).
+    pub(crate) fn protocol(self) -> u32 {
+        match self {
+            Speaks::Permits(1) => 1,
+            Speaks::Permits(_) | Speaks::Any => PROTOCOL,
+        }
+    }
+
+    /// The condition term, its names and its values, to `AND` onto a write that touches the
+    /// counter (or a row of a key whose counter the sweeper checked).
+    pub(crate) fn condition(
+        self,
+        names: &mut std::collections::HashMap<String, String>,
+        values: &mut Item,
+    ) -> &'static str {
+        names.insert(NAME.to_owned(), PROTOCOL_ATTR.to_owned());
+        values.insert(
+            VALUE.to_owned(),
+            AttributeValue::N(self.protocol().to_string()),
+        );
+        match self {
+            Speaks::Permits(n) if n > 1 => {
+                names.insert(PERMITS_NAME.to_owned(), PERMITS_ATTR.to_owned());
+                values.insert(PERMITS_VALUE.to_owned(), AttributeValue::N(n.to_string()));
+                PERMITS_CONDITION
+            }
+            _ => CONDITION,
+        }
+    }
+
+    /// Whether a write conditioned by this speaker passes on a counter item (`None`: no
+    /// counter), as DynamoDB evaluates [`Speaks::condition`]. The simulation's model uses it.
+    #[cfg(test)]
+    pub(crate) fn passes(self, counter: Option<&Item>) -> bool {
+        let proto = counter.and_then(|c| c.get(PROTOCOL_ATTR));
+        let num = |v: Option<&AttributeValue>| match v {
+            Some(AttributeValue::N(n)) => n.parse::<f64>().ok(),
+            _ => None,
+        };
+        match self {
+            Speaks::Permits(n) if n > 1 => {
+                let permits = counter.and_then(|c| c.get(PERMITS_ATTR));
+                num(proto) == Some(f64::from(PROTOCOL)) && num(permits) == Some(f64::from(n))
+            }
+            _ => match proto {
+                None => true,
+                Some(v) => num(Some(v)).is_some_and(|p| p <= f64::from(self.protocol())),
+            },
+        }
+    }
+}
 
 /// The placeholder of [`PROTOCOL_ATTR`] in [`CONDITION`].
 pub(crate) const NAME: &str = "#proto";
 /// The placeholder of [`PROTOCOL`] in [`CONDITION`].
 pub(crate) const VALUE: &str = ":speaks";
 
-/// The value of [`VALUE`]: the highest protocol this build speaks.
-pub(crate) fn speaks_value() -> AttributeValue {
-    AttributeValue::N(PROTOCOL.to_string())
-}
 
 /// The protocol a counter item says its key runs: its `protocol` attribute, 1 when absent. A
 /// value that is not a whole number is read as newer than anything (fail closed).
@@ -71,6 +164,33 @@ pub(crate) fn check(key: &str, counter: Option<&Item>) -> Result<(), Error> {
         _ => Ok(()),
     }
 }
+
+/// [`check`], then the key's permits against a participant's: [`Error::PermitsMismatch`] if they
+/// differ. `counter` is the counter item as read or as it stood when a write was refused. No
+/// counter: nothing to check (see `lock/PROTOCOL.md`, "What remains assumed").
+pub(crate) fn agree(key: &str, counter: Option<&Item>, speaks: Speaks) -> Result<(), Error> {
+    if let (Speaks::Permits(configured), Some(item)) = (speaks, counter) {
+        // A counter this build cannot decode is not ours to judge either.
+        check(key, Some(item))?;
+        let table = crate::schema::Counter::from_item(key, item)?.permits;
+        return agree_permits(key, table, configured);
+    }
+    check(key, counter)
+}
+
+/// [`Error::PermitsMismatch`] unless the key's permits (`table`, 1 on protocol 1) are ours.
+pub(crate) fn agree_permits(key: &str, table: u32, configured: u32) -> Result<(), Error> {
+    if table == configured {
+        Ok(())
+    } else {
+        Err(Error::PermitsMismatch {
+            key: key.to_owned(),
+            table,
+            configured,
+        })
+    }
+}
+
 
 #[cfg(test)]
 mod tests {

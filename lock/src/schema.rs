@@ -55,6 +55,11 @@ pub const LAST_OWNER: &str = "lastOwner";
 /// counter's creation; every write that touches the counter is conditioned on it not being newer
 /// than the writer speaks, and every read of the counter checks it (see [`crate::protocol`]).
 pub const PROTOCOL_ATTR: &str = "protocol";
+/// Counter attribute (protocol 2): how many holders the key allows at a time (N, at least 2; a
+/// key of protocol 1 carries none and allows one). Written at the counter's creation or by
+/// `flightlock permits`; every write of a participant configured with more than one permit is
+/// conditioned on it (see [`crate::protocol`]).
+pub const PERMITS_ATTR: &str = "permits";
 /// The `lastOwner` value of a counter moved to `ticket` by `owner`.
 pub fn last_owner(owner: &str, ticket: u64) -> String {
     format!("{owner}:{ticket}")
@@ -235,6 +240,9 @@ pub struct NewRow<'a> {
     pub granted: bool,
     /// Details for people.
     pub holder: &'a HolderInfo,
+    /// The protocol the row is written under: from protocol 2 on, rows carry it (see
+    /// [`crate::protocol`]); a protocol 1 row carries none, as before.
+    pub protocol: u32,
 }
 
 impl NewRow<'_> {
@@ -252,6 +260,9 @@ impl NewRow<'_> {
             item.insert(CLOCK_FREE.into(), AttributeValue::Bool(true));
         }
         item.insert(RVN.into(), s(self.rvn));
+        if self.protocol > 1 {
+            item.insert(PROTOCOL_ATTR.into(), n(self.protocol));
+        }
         item.insert(ENQUEUED_AT_MS.into(), n(self.now_ms));
         if self.granted {
             item.insert(ACQUIRED_AT_MS.into(), n(self.now_ms));
@@ -306,8 +317,9 @@ impl Snapshot {
         for item in items {
             let sk = get_s(key, item, SK)?;
             if sk == COUNTER_SK {
-                snap.counter = Some(Counter::from_item(key, item)?);
-                snap.protocol = crate::protocol::of(item);
+                let counter = Counter::from_item(key, item)?;
+                snap.protocol = counter.protocol;
+                snap.counter = Some(counter);
             }
             if let Some(entry) = QueueRow::entry(key, item)? {
                 snap.rows.push(entry);

@@ -48,17 +48,19 @@ pub enum EntryState {
 
 impl QueueEntry {
     pub(crate) fn classify(snap: Snapshot, wall_ms: i64, skew: Duration) -> Vec<QueueEntry> {
-        let mut holder_seen = false;
+        // The first live entries hold the key's permits (one on protocol 1).
+        let permits = snap.counter.as_ref().map_or(1, |c| c.permits) as usize;
+        let mut holders = 0;
         snap.rows
             .into_iter()
             .map(|r| {
                 let lease_left_ms = r.lease_until_ms - wall_ms;
                 let state = if lease_left_ms + millis(skew) < 0 {
                     EntryState::Stale
-                } else if holder_seen {
+                } else if holders >= permits {
                     EntryState::Waiting
                 } else {
-                    holder_seen = true;
+                    holders += 1;
                     EntryState::Holding
                 };
                 QueueEntry {
@@ -105,6 +107,8 @@ mod tests {
                 owner: None,
                 tick_done: None,
                 tick_newest: None,
+                protocol: 1,
+                permits: 1,
             }),
             rows: vec![row(1, 500), row(2, 5_000), row(3, 5_000), row(4, 1_900)],
             protocol: 1,

@@ -89,13 +89,14 @@ impl SkipReason {
 
 /// The success body answered for a skipped invocation:
 /// `{"flightlock":{"skipped":true,"reason":"busy","key":"...","tick":"..." | null,"heldBy":{...} | null}}`.
-/// `tick` is the invocation's tick (an ordered one as RFC 3339 UTC), `heldBy` the holder of a
-/// busy key when known.
+/// `tick` is the invocation's tick (an ordered one as RFC 3339 UTC), `heldBy` the (first) holder
+/// of a busy key when known, and `holders` every holder known (a key with more than one permit
+/// has up to that many), in ticket order.
 pub fn skipped_body(
     reason: SkipReason,
     key: &str,
     tick: Option<&str>,
-    held_by: Option<&HeldBy>,
+    holders: &[HeldBy],
 ) -> serde_json::Value {
     serde_json::json!({
         "flightlock": {
@@ -103,7 +104,8 @@ pub fn skipped_body(
             "reason": reason.as_str(),
             "key": key,
             "tick": tick,
-            "heldBy": held_by,
+            "heldBy": holders.first(),
+            "holders": holders,
         }
     })
 }
@@ -140,7 +142,7 @@ mod tests {
 
     #[test]
     fn bodies_have_the_documented_shape() {
-        let b = skipped_body(SkipReason::Busy, "k", None, None);
+        let b = skipped_body(SkipReason::Busy, "k", None, &[]);
         assert_eq!(
             b,
             serde_json::json!({"flightlock": {
@@ -152,7 +154,7 @@ mod tests {
             (SkipReason::Stale, "stale"),
             (SkipReason::Superseded, "superseded"),
         ] {
-            let b = skipped_body(reason, "k", Some("2026-11-24T10:00:00.000Z"), None);
+            let b = skipped_body(reason, "k", Some("2026-11-24T10:00:00.000Z"), &[]);
             assert_eq!(b["flightlock"]["reason"], word);
             assert_eq!(b["flightlock"]["tick"], "2026-11-24T10:00:00.000Z");
         }

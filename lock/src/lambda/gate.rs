@@ -258,7 +258,7 @@ impl Gate {
                     SkipReason::Duplicate,
                     &key,
                     tick_text.as_deref(),
-                    None,
+                    &[],
                 ))
             }
             Err(e @ Error::Superseded { .. }) => {
@@ -268,28 +268,26 @@ impl Gate {
                     SkipReason::Superseded,
                     &key,
                     tick_text.as_deref(),
-                    None,
+                    &[],
                 ))
             }
             Err(e @ Error::Busy { .. }) => {
                 let held_by = match &e {
-                    Error::Busy {
-                        holder: Some(h), ..
-                    } => Some((**h).clone()),
-                    // Lost the race to enqueue: one more read names the holder for the body,
+                    Error::Busy { holders, .. } if !holders.is_empty() => holders.clone(),
+                    // Lost the race to enqueue: one more read names the holders for the body,
                     // if the budget allows.
                     _ => {
                         let left =
                             budget.map_or(RELEASE_MAX, |b| b.saturating_sub(started.elapsed()));
-                        match tokio::time::timeout(left, self.locker.holder(&key, opts.clock_skew))
+                        match tokio::time::timeout(left, self.locker.holders(&key, opts.clock_skew))
                             .await
                         {
                             Ok(Ok(h)) => h,
                             Ok(Err(e)) => {
-                                tracing::debug!(error = %e, "could not read the holder");
-                                None
+                                tracing::debug!(error = %e, "could not read the holders");
+                                Vec::new()
                             }
-                            Err(_) => None,
+                            Err(_) => Vec::new(),
                         }
                     }
                 };
@@ -301,7 +299,7 @@ impl Gate {
                             SkipReason::Busy,
                             &key,
                             tick_text.as_deref(),
-                            held_by.as_ref(),
+                            &held_by,
                         ))
                     }
                     OnBusy::Error => {
@@ -311,7 +309,7 @@ impl Gate {
                     }
                 }
             }
-            Err(e @ Error::ProtocolTooNew { .. }) => {
+            Err(e @ (Error::ProtocolTooNew { .. } | Error::PermitsMismatch { .. })) => {
                 // Whatever FLIGHTLOCK_ON_BUSY says: a skip would answer success for a run that
                 // never happened; failing lets Lambda's retries run it once upgraded.
                 tracing::error!(error = %e, "the key runs a newer protocol than this layer speaks; failing the invocation");
@@ -447,7 +445,7 @@ impl Gate {
                         SkipReason::Stale,
                         key,
                         Some(&text),
-                        None,
+                        &[],
                     )));
                 }
                 Ok(Some(tick.clone()))

@@ -283,7 +283,7 @@ mod tests {
     fn gated_serializes_transparently() {
         let ran: Gated<serde_json::Value> = Gated::Ran(serde_json::json!({"a": 1}));
         assert_eq!(serde_json::to_string(&ran).unwrap(), r#"{"a":1}"#);
-        let skipped: Gated<()> = Gated::Skipped(skipped_body(SkipReason::Busy, "k", None, None));
+        let skipped: Gated<()> = Gated::Skipped(skipped_body(SkipReason::Busy, "k", None, &[]));
         assert_eq!(
             serde_json::to_value(&skipped).unwrap()["flightlock"]["skipped"],
             true

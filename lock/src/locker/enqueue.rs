@@ -33,6 +33,10 @@ pub(super) struct Attempt<'a> {
     pub(super) surveyed: Option<(u64, u64)>,
 }
 
+/// How many times a `wait = 0` acquisition with more than one permit reads the queue again after
+/// losing the race to enqueue, before it answers busy.
+const MAX_REREADS: u32 = 2;
+
 /// Where the expected counter value came from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Source {
@@ -76,32 +80,39 @@ impl Attempt<'_> {
         }
     }
 
-    pub(super) fn busy(&self, holder: Option<&QueueRow>) -> Error {
+    /// [`Error::Busy`], naming `holders` (the live entries ahead that hold or will hold the
+    /// key's permits: at most `permits` of them).
+    pub(super) fn busy(&self, holders: &[QueueRow]) -> Error {
         Error::Busy {
             key: self.key.to_owned(),
             waited: self.now().duration_since(self.started),
-            holder: holder.map(|r| {
-                Box::new(HeldBy {
+            holders: holders
+                .iter()
+                .take(self.opts.permits as usize)
+                .map(|r| HeldBy {
                     ticket: r.ticket,
                     owner: r.owner.clone(),
                     info: r.holder.clone(),
                 })
-            }),
+                .collect(),
+            permits: self.opts.permits,
         }
     }
 
     /// Reads the queue and removes stale rows ahead of `below` (all rows if `None`). Returns the
-    /// snapshot and the first live row ahead, if any.
+    /// snapshot and the first live entries ahead, in ticket order: up to our permits of them
+    /// (with that many live entries ahead we wait; fewer, and a permit is ours).
     pub(super) async fn survey(
         &mut self,
         below: Option<u64>,
-    ) -> Result<(Snapshot, Option<QueueRow>), Error> {
+    ) -> Result<(Snapshot, Vec<QueueRow>), Error> {
         let asked = self.now();
         let snap = self
             .locker
             .read_with_retry(self.key, self.retry_budget())
             .await?;
-        // Before anything is judged or removed: a done tick answers without writing.
+        // Before anything is judged or removed: a done tick answers without writing, and so
+        // does a key of other permits.
         if let Some(e) = self.counter_answer(snap.counter.as_ref()) {
             return Err(e);
         }
@@ -109,19 +120,45 @@ impl Attempt<'_> {
             .max_seen
             .max(snap.counter.as_ref().map_or(0, |c| c.last))
             .max(snap.rows.last().map_or(0, |r| r.ticket));
-        let mut first_live = None;
+        let mut live = Vec::new();
         let mut ahead = snap
             .rows
             .iter()
             .filter(|r| below.is_none_or(|b| r.ticket < b));
         for row in ahead.by_ref() {
-            if self.alive(row, asked).await? {
-                first_live = Some(row.clone());
-                break; // one live row ahead is enough to wait; rows behind it are its business
+            if self.alive(row, asked).await? && self.counts(row) {
+                live.push(row.clone());
+                if self.blocked_by(live.len()) {
+                    break; // enough live entries ahead to wait; rows behind them are theirs
+                }
             }
         }
         self.watch_rest(ahead, asked);
-        Ok((snap, first_live))
+        Ok((snap, live))
+    }
+
+    /// Whether a live entry ahead counts against the permits: every one does, granted or not
+    /// (a waiter ahead takes a permit before us: FIFO across permits), the seat included.
+    pub(super) fn counts(&self, _row: &QueueRow) -> bool {
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::PermitsCountOnlyHolders) {
+            return _row.seat || _row.acquired_at_ms.is_some();
+        }
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::SeatNotCounted) {
+            return !_row.seat;
+        }
+        true
+    }
+
+    /// Whether `live` live entries ahead of us (holders, or waiters ahead of us) leave no permit
+    /// for us: every permit is theirs first.
+    pub(super) fn blocked_by(&self, live: usize) -> bool {
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::PermitsOffByOne) {
+            return live > self.opts.permits as usize;
+        }
+        live >= self.opts.permits as usize
     }
 
     /// Whether a row ahead of us is live, from a read first sent at `asked`. A stale one is
@@ -205,7 +242,13 @@ impl Attempt<'_> {
             match self
                 .locker
                 .store
-                .delete_stale(self.key, row.ticket, row.seat, &row.rvn)
+                .delete_stale(
+                    self.key,
+                    row.ticket,
+                    row.seat,
+                    &row.rvn,
+                    crate::protocol::Speaks::maintain(self.opts.permits),
+                )
                 .await
             {
                 Ok(o) => return Ok(o),
@@ -228,7 +271,12 @@ impl Attempt<'_> {
             match self
                 .locker
                 .store
-                .create_counter(self.key, self.max_seen, &new_id(&*self.locker.clock))
+                .create_counter(
+                    self.key,
+                    self.max_seen,
+                    &new_id(&*self.locker.clock),
+                    self.opts.permits,
+                )
                 .await
             {
                 Ok(created) => {
@@ -254,7 +302,7 @@ impl Attempt<'_> {
         owner: &str,
         ticket: u64,
         counter: Counter,
-        clear: bool,
+        (seat, clear): (bool, bool),
     ) -> Prepared {
         let opts = self.opts;
         let clock = &*self.locker.clock;
@@ -276,6 +324,7 @@ impl Attempt<'_> {
             now_ms: wall,
             granted: clear,
             holder: &opts.holder,
+            protocol: crate::protocol::Speaks::Permits(opts.permits).protocol(),
         };
         Prepared {
             request: EnqueueRequest {
@@ -290,9 +339,10 @@ impl Attempt<'_> {
                 // `OursOlder`, where a shared token would be refused as an
                 // `IdempotentParameterMismatch`, a fatal error.
                 token: format!("{rvn}{ticket:016x}"),
-                seat: clear,
+                seat,
                 tick,
                 newest: tick.map(|t| counter_newest.map_or(t, |n| n.max(t))),
+                permits: opts.permits,
             },
             first_sent,
             wall,
@@ -312,14 +362,26 @@ impl Attempt<'_> {
             key: self.key.to_owned(),
             owner: owner.clone(),
             tickets: Vec::new(),
+            speaks: crate::protocol::Speaks::maintain(opts.permits),
         };
-        // (counter as read, where it came from, the queue was clear)
+        // (counter as read, where it came from, (take the seat, granted at once))
         self.surveyed = None;
-        let hint = self.locker.memory.hint(self.key);
+        let hint = self
+            .locker
+            .memory
+            .hint(self.key)
+            .filter(|h| h.permits == opts.permits);
         let mut expected = hint.as_ref().map(|h| {
             let counter = Counter::moved(&h.owner, h.ticket);
-            (counter, Source::Hint, true)
+            // One permit: the queue is empty (we were alone when granted, and nobody queued
+            // since), so the seat. More: fewer than our permits were ahead of `h.ticket` when it
+            // was granted, none can have appeared below it since, and nobody queued after it:
+            // a row at the next ticket is granted at once. It is not the seat, which only an
+            // empty queue may take (readers take the seat for the queue's first entry).
+            let seat = opts.permits == 1;
+            (counter, Source::Hint, (seat, true))
         });
+        let mut rereads = 0;
         // Our own last ticket counts as seen: even a counter deleted by hand after we released
         // cannot make this process take a lower one.
         self.max_seen = self.max_seen.max(hint.as_ref().map_or(0, |h| h.ticket));
@@ -331,19 +393,21 @@ impl Attempt<'_> {
                 Some(e) => e,
                 None => {
                     let (snap, live) = self.survey(None).await?;
-                    if let Some(head) = &live {
-                        if opts.wait == Wait::NoWait && self.busy_now(head) {
-                            return Err(self.busy(live.as_ref()));
-                        }
+                    let blocked = self.blocked_by(live.len());
+                    if blocked
+                        && opts.wait == Wait::NoWait
+                        && live.iter().all(|head| self.busy_now(head))
+                    {
+                        return Err(self.busy(&live));
                     }
-                    if let (Some(head), Wait::NoWait) = (&live, opts.wait) {
-                        // Clock-free, and the row ahead has not been seen alive yet: watch it.
+                    if blocked && opts.wait == Wait::NoWait {
+                        // Clock-free, and a row ahead has not been seen alive yet: watch it.
                         // It changes within a heartbeat if its owner lives, or goes stale (and
                         // is passed over) after its lease; the bound is only a backstop.
-                        let row_lease =
-                            Duration::from_millis(u64::try_from(head.lease_ms).unwrap_or(0));
+                        let longest = live.iter().map(|r| r.lease_ms).max().unwrap_or(0);
+                        let row_lease = Duration::from_millis(u64::try_from(longest).unwrap_or(0));
                         if self.now() >= self.started + row_lease * 2 + opts.max_poll {
-                            return Err(self.busy(live.as_ref()));
+                            return Err(self.busy(&live));
                         }
                         let pause = jittered(opts.poll, clock.jitter());
                         tokio::time::sleep(pause).await;
@@ -362,7 +426,9 @@ impl Attempt<'_> {
                         .first()
                         .zip(snap.rows.last())
                         .map(|(first, last)| (first.ticket, last.ticket));
-                    let e = (counter, Source::Read, live.is_none());
+                    // The seat only for an empty queue; a row granted at once while fewer than
+                    // our permits are ahead.
+                    let e = (counter, Source::Read, (live.is_empty(), !blocked));
                     expected = Some(e.clone());
                     e
                 }
@@ -422,11 +488,22 @@ impl Attempt<'_> {
                         expected = None;
                         continue;
                     };
-                    if opts.wait == Wait::NoWait {
+                    if opts.wait == Wait::NoWait && opts.permits == 1 {
                         // Someone enqueued between our read and our write: they are ahead.
-                        return Err(self.busy(None));
+                        return Err(self.busy(&[]));
                     }
-                    expected = Some((current, Source::Read, false));
+                    if opts.wait == Wait::NoWait {
+                        // Someone enqueued between our read and our write, but a permit may
+                        // still be free for us: read again (a few times at most; under more
+                        // churn than that, busy).
+                        rereads += 1;
+                        if rereads > MAX_REREADS {
+                            return Err(self.busy(&[]));
+                        }
+                        expected = None;
+                        continue;
+                    }
+                    expected = Some((current, Source::Read, (false, false)));
                     failures = 0;
                 }
                 Ok(Enqueue::OursOlder) => {
@@ -446,6 +523,7 @@ impl Attempt<'_> {
                         (ticket, seat),
                         &owner,
                         None,
+                        crate::protocol::Speaks::maintain(opts.permits),
                     )
                     .await?;
                     self.max_seen = self.max_seen.max(ticket);
@@ -477,7 +555,7 @@ impl Attempt<'_> {
                     #[cfg(not(test))]
                     let gives_up = self.now() + pause >= give_up;
                     if gives_up {
-                        return Err(self.busy(None));
+                        return Err(self.busy(&[]));
                     }
                     tokio::time::sleep(pause).await;
                     prepared = Some(p);
@@ -491,7 +569,7 @@ impl Attempt<'_> {
                 }
             }
             if self.timed_out() && opts.wait != Wait::NoWait {
-                return Err(self.busy(None));
+                return Err(self.busy(&[]));
             }
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::ATTEMPT_TIMEOUT;
 use crate::clock::Clock;
 use crate::heartbeat::delete_with_retry;
-use crate::storage::Store;
+use crate::storage::{Speaks, Store};
 
 /// An enqueue whose request may be on the wire: if the acquisition is dropped before it turns
 /// into a [`Membership`], the row it may have written is deleted in the background — at once,
@@ -20,6 +20,8 @@ pub(super) struct InFlight {
     pub(super) owner: String,
     /// Entries (ticket, seat) that an unanswered or ambiguous request may have written.
     pub(super) tickets: Vec<(u64, bool)>,
+    /// Our version condition on a seat.
+    pub(super) speaks: Speaks,
 }
 
 impl InFlight {
@@ -36,11 +38,12 @@ impl InFlight {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, clock, key, owner) = (
+        let (store, clock, key, owner, speaks) = (
             self.store.clone(),
             self.clock.clone(),
             self.key.clone(),
             self.owner.clone(),
+            self.speaks,
         );
         let tracker = store.background().clone();
         tracker.spawn_on(
@@ -50,7 +53,7 @@ impl InFlight {
                         tokio::time::sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
                     }
                     for &(t, seat) in &tickets {
-                        if let Err(e) = delete_with_retry(&store, &*clock, &key, (t, seat), &owner, None).await {
+                        if let Err(e) = delete_with_retry(&store, &*clock, &key, (t, seat), &owner, None, speaks).await {
                             tracing::warn!(key = %key, ticket = t, error = %e, "could not remove a possibly written row; it goes stale after one lease");
                         }
                     }

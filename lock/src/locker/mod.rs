@@ -229,7 +229,7 @@ impl Locker {
         let mut requeued = false;
         loop {
             if requeued && attempt.timed_out() {
-                return Err(attempt.busy(None));
+                return Err(attempt.busy(&[]));
             }
             requeued = true;
             let (membership, clear) = attempt.enqueue().await?;
@@ -326,20 +326,27 @@ impl Locker {
         ))
     }
 
-    /// The current holder of `key` (the first live row), if any: one strongly consistent read.
-    /// Used to name the holder when an acquisition gave up without knowing it (it lost the race
-    /// to enqueue).
+    /// The current holder of `key` with the lowest ticket (the only one, with one permit), if
+    /// any: one strongly consistent read.
     pub async fn holder(&self, key: &str, skew: ClockSkew) -> Result<Option<HeldBy>, Error> {
+        Ok(self.holders(key, skew).await?.into_iter().next())
+    }
+
+    /// The current holders of `key` (its first live entries, as many as the key has permits),
+    /// in ticket order: one strongly consistent read. Used to name them when an acquisition gave
+    /// up without knowing them (it lost the race to enqueue).
+    pub async fn holders(&self, key: &str, skew: ClockSkew) -> Result<Vec<HeldBy>, Error> {
         Ok(self
             .queue(key, skew)
             .await?
             .into_iter()
-            .find(|e| e.state == crate::EntryState::Holding)
+            .filter(|e| e.state == crate::EntryState::Holding)
             .map(|e| HeldBy {
                 ticket: e.ticket,
                 owner: e.owner,
                 info: e.holder,
-            }))
+            })
+            .collect())
     }
 
     async fn read_with_retry(&self, key: &str, give_up: Instant) -> Result<Snapshot, Error> {

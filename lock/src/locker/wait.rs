@@ -31,6 +31,8 @@ impl Attempt<'_> {
         let mut start = None;
         let mut first = true;
         let mut counter_read = false;
+        // Live entries ahead so far, nearest first, across pages.
+        let mut live: Vec<QueueRow> = Vec::new();
         loop {
             let mut failures = 0;
             let asked = self.now();
@@ -85,9 +87,13 @@ impl Attempt<'_> {
                     return Ok(Look::Removed);
                 }
                 let Some(row) = entry else { continue };
-                if self.alive(row, asked).await? {
-                    // The rows read past it are its business, not passed over; clock-free mode
-                    // starts watching them all the same (see `watch_rest`).
+                if self.alive(row, asked).await? && self.counts(row) {
+                    live.push(row.clone());
+                    if !self.blocked_by(live.len()) {
+                        continue; // a permit may still be ours: look further down
+                    }
+                    // The rows read past the last of them are its business, not passed over;
+                    // clock-free mode starts watching them all the same (see `watch_rest`).
                     self.watch_rest(entries[i + 1..].iter().flatten(), asked);
                     if self.opts.coalesce && !counter_read {
                         // The page stopped short of the counter: a coalescing waiter reads it
@@ -99,9 +105,12 @@ impl Attempt<'_> {
                     // business); a full page means there may be more. The counter is not one:
                     // counted, it put every waiter a place further back than it is, and the
                     // pacing then slept a whole hold too long (handoff p50 7 → 15 ms).
-                    let ahead = entries[i..].iter().flatten().count() + usize::from(next.is_some());
+                    let ahead = live.len() - 1
+                        + entries[i..].iter().flatten().count()
+                        + usize::from(next.is_some());
+                    live.reverse(); // ticket order: the oldest first
                     return Ok(Look::Behind {
-                        row: Box::new(row.clone()),
+                        holders: live,
                         ahead,
                         adjacent: true,
                     });
@@ -144,11 +153,12 @@ impl Attempt<'_> {
                 continue; // passed over: read where the queue starts now
             }
             let ahead = usize::try_from(m.ticket - row.ticket).unwrap_or(usize::MAX);
-            if ahead <= LOOK_LIMIT as usize {
+            // Within a page of the last permit (or closer): the full look decides.
+            if ahead <= self.near() {
                 return Ok(None);
             }
             return Ok(Some(Look::Behind {
-                row: Box::new(row),
+                holders: vec![row],
                 ahead,
                 adjacent: false,
             }));
@@ -260,7 +270,7 @@ impl Attempt<'_> {
                         return Ok(Some(m));
                     }
                     Ok(Look::Behind {
-                        row,
+                        holders,
                         ahead,
                         adjacent,
                     }) => {
@@ -268,16 +278,19 @@ impl Attempt<'_> {
                             if let Err(e) = m.leave().await {
                                 tracing::warn!(key = self.key, error = %e, "could not remove our row after giving up; it goes stale after one lease");
                             }
-                            return Err(self.busy(Some(&row)));
+                            return Err(self.busy(&holders));
                         }
-                        (ahead, row.ticket, adjacent)
+                        // The entry whose departure is awaited: the nearest (one permit), or
+                        // the oldest of those holding the permits.
+                        let awaited = holders.first().map_or(0, |r| r.ticket);
+                        (ahead, awaited, adjacent)
                     }
                 },
             };
-            deep = ahead >= LOOK_LIMIT as usize;
+            deep = ahead >= self.near();
             let jitter = self.locker.clock.jitter();
-            let mut pause = pace.after_look(self.now(), ahead, nearest, jitter);
-            if adjacent && self.locker.memory.ours(self.key, nearest) {
+            let mut pause = pace.after_look(self.now(), self.rounds(ahead), nearest, jitter);
+            if adjacent && self.opts.permits == 1 && self.locker.memory.ours(self.key, nearest) {
                 // Right behind a row of this process: its release (or its waiter giving up)
                 // wakes us; `max_poll` is only a backstop.
                 pause = jittered(self.opts.max_poll, jitter);
@@ -306,6 +319,22 @@ impl Attempt<'_> {
     }
 }
 
+impl Attempt<'_> {
+    /// How many entries ahead a waiter may be and still read them in full looks: a page past the
+    /// last permit.
+    fn near(&self) -> usize {
+        LOOK_LIMIT as usize + self.opts.permits as usize - 1
+    }
+
+    /// The waiter's place counted in holds: with `ahead` entries ahead and N permits, the queue
+    /// passes N entries a hold, so a waiter is `(ahead - N) / N + 1` holds from its turn (one
+    /// permit: its place).
+    fn rounds(&self, ahead: usize) -> usize {
+        let n = self.opts.permits as usize;
+        ahead.saturating_sub(n) / n + 1
+    }
+}
+
 /// Rows read per look: ours and up to seven ahead, one read unit (rows are a few hundred bytes).
 /// The place is exact up to seven ahead and a lower bound beyond. The simulation's queues are
 /// short (up to six participants), so there a page is three rows: its schedules then go through
@@ -318,10 +347,11 @@ pub(super) enum Look {
     Removed,
     /// No live row ahead: the key is ours.
     Clear,
-    /// `row` is the nearest live row ahead (`adjacent`), or the first row of the queue (a
-    /// far-back look); about `ahead` rows are ahead in all.
+    /// `holders` are the live entries ahead that take every permit before us, in ticket order
+    /// (`adjacent`: the nearest is right ahead of us), or the first row of the queue (a far-back
+    /// look); about `ahead` rows are ahead in all.
     Behind {
-        row: Box<QueueRow>,
+        holders: Vec<QueueRow>,
         ahead: usize,
         adjacent: bool,
     },

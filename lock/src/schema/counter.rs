@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::{get_num, get_u64, last_owner, n, s, EXPIRES_AT, LAST, LAST_OWNER, PK, SK};
+use super::{
+    get_num, get_u64, last_owner, n, s, EXPIRES_AT, LAST, LAST_OWNER, PERMITS_ATTR, PK, SK,
+};
 use crate::error::Error;
 
 /// Counter attribute: the newest ordered tick ([`crate::Tick::At`], epoch ms) whose run
@@ -47,6 +49,10 @@ pub struct Counter {
     pub tick_done: Option<i64>,
     /// `tickNewest`: the newest ordered tick that enqueued, epoch ms.
     pub tick_newest: Option<i64>,
+    /// `protocol`: the protocol the key runs (1 when absent).
+    pub protocol: u32,
+    /// The key's permits: `permits` on a protocol 2 counter, 1 on a protocol 1 counter.
+    pub permits: u32,
 }
 
 impl Counter {
@@ -57,6 +63,8 @@ impl Counter {
             owner: Some(last_owner(owner, ticket)),
             tick_done: None,
             tick_newest: None,
+            protocol: 1,
+            permits: 1,
         }
     }
 
@@ -66,7 +74,29 @@ impl Counter {
     /// [`crate::protocol`]).
     pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Counter, Error> {
         crate::protocol::check(key, Some(item))?;
+        let protocol = crate::protocol::of(item);
+        let permits = if protocol >= 2 {
+            match get_num::<u32>(key, item, PERMITS_ATTR)? {
+                Some(p) if (2..=crate::options::MAX_PERMITS).contains(&p) => p,
+                other => {
+                    return Err(super::malformed(
+                        key,
+                        item,
+                        PERMITS_ATTR,
+                        format!(
+                            "{other:?}: a protocol {protocol} counter carries the key's permits, \
+                             2 up to {}",
+                            crate::options::MAX_PERMITS
+                        ),
+                    ))
+                }
+            }
+        } else {
+            1
+        };
         Ok(Counter {
+            protocol,
+            permits,
             last: get_u64(key, item, LAST)?,
             owner: match item.get(LAST_OWNER) {
                 Some(AttributeValue::S(o)) => Some(o.clone()),

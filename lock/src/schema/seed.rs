@@ -54,6 +54,7 @@ pub fn row_of(
         now_ms: lease_until_ms - LEASE_MS,
         granted: true,
         holder,
+        protocol: 1,
     }
     .to_item()
 }

@@ -13,6 +13,7 @@ use crate::error::Error;
 
 fn row(ticket: u64) -> HashMap<String, AttributeValue> {
     NewRow {
+        protocol: 1,
         key: "k",
         ticket,
         owner: "o1",

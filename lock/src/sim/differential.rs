@@ -39,6 +39,11 @@ fn pick<'a>(rng: &mut StdRng, from: &[&'a str]) -> &'a str {
 }
 
 fn row(key: &str, ticket: u64, owner: &str, rvn: &str, until: i64) -> Item {
+    row_under(key, ticket, owner, rvn, until, 1)
+}
+
+/// [`row`], written under `protocol` (from 2 on, rows carry it).
+fn row_under(key: &str, ticket: u64, owner: &str, rvn: &str, until: i64, protocol: u32) -> Item {
     NewRow {
         key,
         ticket,
@@ -52,17 +57,28 @@ fn row(key: &str, ticket: u64, owner: &str, rvn: &str, until: i64) -> Item {
         now_ms: until - 20_000,
         granted: false,
         holder: &HolderInfo::default(),
+        protocol,
     }
     .to_item()
+}
+
+/// The permits a request is sent with: mostly one (protocol 1), else 2 or 3 (protocol 2), so
+/// keys get created with either, and every request meets keys of its own and of other permits.
+fn permits(rng: &mut StdRng) -> u32 {
+    [1, 1, 2, 3][rng.random_range(0..4)]
 }
 
 /// A random request; `sent` remembers enqueues so some tokens are reused. Tokens carry `run`:
 /// DynamoDB remembers them per account for 10 minutes, across tables and test runs.
 /// Half the enqueues and owned deletes aim at what `model` holds, so they succeed often enough.
 fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &Table) -> Request {
-    let key = format!("k{}", rng.random_range(0..2));
+    // k2 is where keys of more than one permit mostly come up (k0 and k1 keep the draws they
+    // had before permits existed, but for the permits themselves).
+    let key = format!("k{}", rng.random_range(0..3));
     let ticket = rng.random_range(1..=5);
     let owner = pick(rng, &OWNERS);
+    let n = if key == "k2" { permits(rng) } else { 1 };
+    let speaks = crate::protocol::Speaks::maintain(n);
     match rng.random_range(0..13) {
         12 => match rng.random_range(0..3) {
             0 => Request::MarkDone {
@@ -98,11 +114,13 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                     owner: rng.random_bool(0.7).then(|| pick(rng, &OWNERS).to_owned()),
                     tick_done: None,
                     tick_newest: None,
+                    protocol: 1,
+                    permits: 1,
                 },
             };
             // Ordered ticks around the few values the marks write, so every side of the
             // watermark and of `tickNewest` comes up.
-            let tick = rng.random_bool(0.5).then(|| rng.random_range(1..=4_i64));
+            let tick = (n == 1 && rng.random_bool(0.5)).then(|| rng.random_range(1..=4_i64));
             let newest = tick.and_then(|t| {
                 rng.random_bool(0.8)
                     .then(|| counter.tick_newest.map_or(t, |n| n.max(t)))
@@ -111,12 +129,20 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                 key: key.clone(),
                 ticket,
                 counter,
-                row: row(&key, ticket, owner, pick(rng, &RVNS), 1_000),
+                row: row_under(
+                    &key,
+                    ticket,
+                    owner,
+                    pick(rng, &RVNS),
+                    1_000,
+                    crate::protocol::Speaks::Permits(n).protocol(),
+                ),
                 owner: owner.to_owned(),
                 token: format!("{run:08x}-{:08x}", rng.random::<u32>()),
                 seat: rng.random_bool(0.35),
                 tick,
                 newest,
+                permits: n,
             };
             sent.push(r.clone());
             Request::Enqueue(r)
@@ -130,18 +156,21 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
             expires_at: 4_000_000_000,
             rvn: pick(rng, &RVNS).to_owned(),
             acquired_at_ms: rng.random_bool(0.5).then_some(555),
+            speaks,
         }),
         6..=7 => Request::DeleteStale {
             key,
             ticket,
             seat: rng.random_bool(0.35),
             rvn: pick(rng, &RVNS).to_owned(),
+            speaks,
         },
         8 if rng.random_bool(0.3) => Request::CreateCounter {
             key,
             last: rng.random_range(0..=5),
             owner: owner.to_owned(),
-            protocol: crate::PROTOCOL,
+            protocol: crate::protocol::Speaks::Permits(n).protocol(),
+            permits: n,
         },
         8 => {
             let row = crate::schema::Snapshot::from_items(&key, &model.partition(&key))
@@ -159,14 +188,17 @@ fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &T
                     } else {
                         r.owner
                     },
-                    done: (r.seat && rng.random_bool(0.3)).then(|| rng.random_range(1..=4)),
+                    done: (r.seat && n == 1 && rng.random_bool(0.3))
+                        .then(|| rng.random_range(1..=4)),
+                    speaks,
                 },
                 None => Request::DeleteOwned {
                     key,
                     ticket,
                     seat: rng.random_bool(0.35),
                     owner: owner.to_owned(),
-                    done: rng.random_bool(0.3).then(|| rng.random_range(1..=4)),
+                    done: (n == 1 && rng.random_bool(0.3)).then(|| rng.random_range(1..=4)),
+                    speaks,
                 },
             }
         }
@@ -238,6 +270,11 @@ fn normalize(result: &Result<Response, Failure>) -> String {
         Err(Failure::Retry { .. }) => "retry".into(),
         Err(Failure::Fatal(crate::Error::ProtocolTooNew { table, .. })) => {
             format!("fatal ProtocolTooNew {table}")
+        }
+        Err(Failure::Fatal(crate::Error::PermitsMismatch {
+            table, configured, ..
+        })) => {
+            format!("fatal PermitsMismatch {table} {configured}")
         }
         Err(Failure::Fatal(e)) => {
             let text = e.to_string();
@@ -314,6 +351,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
         last: 3,
         owner: "owner-newer".into(),
         protocol: crate::PROTOCOL + 1,
+        permits: 2,
     };
     let created = (
         normalize(&dynamo.call(newer.clone()).await),

@@ -122,6 +122,7 @@ impl Script {
                             seat: true,
                             owner,
                             done: None,
+                            speaks: crate::protocol::Speaks::Permits(1),
                         };
                         self.apply("h", &release).unwrap();
                         let result = self.apply(who, &request);

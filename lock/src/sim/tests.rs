@@ -372,6 +372,8 @@ fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
             owner: None,
             tick_done: None,
             tick_newest: None,
+            protocol: 1,
+            permits: 1,
         },
         row: row_item(key, ticket, owner),
         owner: owner.into(),
@@ -379,6 +381,7 @@ fn enqueue(key: &str, ticket: u64, owner: &str, token: &str) -> Request {
         seat: false,
         tick: None,
         newest: None,
+        permits: 1,
     })
 }
 
@@ -395,6 +398,7 @@ fn row_item(key: &str, ticket: u64, owner: &str) -> crate::storage::Item {
         now_ms: 0,
         granted: false,
         holder: &crate::schema::HolderInfo::default(),
+        protocol: 1,
     }
     .to_item()
 }

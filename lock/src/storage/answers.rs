@@ -4,14 +4,21 @@
 //! ([`super::dynamo`]) and the simulation's model, so the two can only differ in what they
 //! store, never in how an answer is read.
 
-use super::{Enqueue, EnqueueRequest, Failure, Item, Owned, Renewal, StaleDelete};
+use super::{Enqueue, EnqueueRequest, Failure, Item, Owned, Renewal, Speaks, StaleDelete};
 use crate::schema;
 
 /// A refused write that touched `key`'s counter: [`crate::Error::ProtocolTooNew`] if the counter
 /// as it stood (`ALL_OLD`) says the key runs a newer protocol than this build speaks, whatever
 /// else the refusal means. Every reader of a refused counter write asks this first.
-pub(crate) fn protocol_refused(key: &str, counter: Option<&Item>) -> Result<(), Failure> {
-    crate::protocol::check(key, counter).map_err(Failure::Fatal)
+///
+/// `speaks` is what the write was conditioned on: a participant's permits, refused on a key of
+/// other permits, is [`crate::Error::PermitsMismatch`].
+pub(crate) fn protocol_refused(
+    key: &str,
+    counter: Option<&Item>,
+    speaks: crate::protocol::Speaks,
+) -> Result<(), Failure> {
+    crate::protocol::agree(key, counter, speaks).map_err(Failure::Fatal)
 }
 
 /// What a refused heartbeat means, from the item the condition failed on.
@@ -32,7 +39,7 @@ pub(crate) fn seat_refused(r: &EnqueueRequest, counter: Option<&Item>) -> Result
     let Some(item) = counter else {
         return Ok(Enqueue::CounterAt(None));
     };
-    protocol_refused(&r.key, Some(item))?;
+    protocol_refused(&r.key, Some(item), Speaks::Permits(r.permits))?;
     if let Some(ours) = ours(r, item) {
         return Ok(ours);
     }
@@ -87,7 +94,7 @@ pub(crate) fn enqueue_outcome(
     let code = |i: usize| reasons.get(i).map_or("None", |r| r.0);
     let item = |i: usize| reasons.get(i).and_then(|r| r.1);
     if code(0) == "ConditionalCheckFailed" {
-        protocol_refused(&r.key, item(0))?;
+        protocol_refused(&r.key, item(0), Speaks::Permits(r.permits))?;
     }
     if code(1) == "ConditionalCheckFailed" {
         if let Some(ours) = item(1).and_then(|it| ours(r, it)) {

@@ -20,6 +20,7 @@ use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
 use super::answers::{protocol_refused, renewal_refused};
+use super::Speaks;
 use super::{
     counter_key, entry_key, row_key, Beat, Failure, Owned, Range, Renewal, Request, Response,
     Storage,
@@ -86,8 +87,9 @@ impl Storage for Dynamo {
                     ticket,
                     seat,
                     rvn,
+                    speaks,
                 } => this
-                    .remove_dead(&key, ticket, seat, &rvn, None)
+                    .remove_dead(&key, ticket, seat, &rvn, None, speaks)
                     .await
                     .map(Response::StaleDelete),
                 Request::SweepDead(d) => this
@@ -97,6 +99,7 @@ impl Storage for Dynamo {
                         d.seat,
                         &d.rvn,
                         Some((&d.owner, d.cutoff_ms)),
+                        Speaks::Any,
                     )
                     .await
                     .map(Response::StaleDelete),
@@ -108,6 +111,7 @@ impl Storage for Dynamo {
                     seat: true,
                     owner,
                     done: Some(tick),
+                    ..
                 } => this
                     .release_seat_done(&key, ticket, &owner, tick)
                     .await
@@ -117,9 +121,10 @@ impl Storage for Dynamo {
                     ticket,
                     seat,
                     owner,
+                    speaks,
                     ..
                 } => this
-                    .delete_owned(&key, ticket, seat, &owner)
+                    .delete_owned(&key, ticket, seat, &owner, speaks)
                     .await
                     .map(Response::Owned),
                 Request::MarkDone { key, tick } => {
@@ -141,8 +146,9 @@ impl Storage for Dynamo {
                     last,
                     owner,
                     protocol,
+                    permits,
                 } => this
-                    .create_counter(&key, last, &owner, protocol)
+                    .create_counter(&key, last, &owner, protocol, permits)
                     .await
                     .map(Response::Created),
             }
@@ -216,13 +222,14 @@ impl Dynamo {
         })
     }
 
-    /// Puts a key's counter at `protocol` if it has none.
+    /// Puts a key's counter at `protocol` (with `permits` above 1) if it has none.
     async fn create_counter(
         &self,
         key: &str,
         last: u64,
         owner: &str,
         protocol: u32,
+        permits: u32,
     ) -> Result<bool, Failure> {
         let mut item = counter_key(key);
         item.insert(schema::LAST.into(), n(last));
@@ -231,6 +238,9 @@ impl Dynamo {
             s(&schema::last_owner(owner, last)),
         );
         item.insert(schema::PROTOCOL_ATTR.into(), n(protocol));
+        if permits > 1 {
+            item.insert(schema::PERMITS_ATTR.into(), n(permits));
+        }
         self.put_new(item).await
     }
 
@@ -275,12 +285,8 @@ impl Dynamo {
             names.remove("#exp");
             values.remove(":exp");
             // The seat lives on the counter: only on a protocol we speak.
-            names.insert(crate::protocol::NAME.into(), schema::PROTOCOL_ATTR.into());
-            values.insert(
-                crate::protocol::VALUE.into(),
-                crate::protocol::speaks_value(),
-            );
-            condition = format!("{condition} AND {}", crate::protocol::CONDITION);
+            let version = beat.speaks.condition(&mut names, &mut values);
+            condition = format!("{condition} AND {version}");
         }
         let mut update = if beat.seat {
             "SET #until = :until, #rvn = :rvn".to_owned()
@@ -310,7 +316,7 @@ impl Dynamo {
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
                     if beat.seat {
-                        protocol_refused(&beat.key, c.item())?;
+                        protocol_refused(&beat.key, c.item(), beat.speaks)?;
                     }
                     Ok(renewal_refused(c.item(), &beat.owner))
                 }
@@ -330,6 +336,7 @@ impl Dynamo {
         ticket: u64,
         seat: bool,
         owner: &str,
+        speaks: Speaks,
     ) -> Result<Owned, Failure> {
         let no_sdk_retry = aws_sdk_dynamodb::config::Builder::default()
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
@@ -342,6 +349,7 @@ impl Dynamo {
                     key,
                     &[(schema::OWNER, s(owner)), (schema::TICKET, n(ticket))],
                     None,
+                    speaks,
                 )
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
@@ -354,7 +362,7 @@ impl Dynamo {
                 Ok(_) => Ok(Owned::Yes),
                 Err(e) => match e.as_service_error() {
                     Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                        protocol_refused(key, c.item())?;
+                        protocol_refused(key, c.item(), speaks)?;
                         Ok(Owned::No)
                     }
                     _ => Err(self.classify("UpdateItem", e)),

@@ -35,6 +35,7 @@ use std::fmt;
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
+pub(crate) use crate::protocol::Speaks;
 use crate::error::{BoxError, Error};
 use crate::schema::{Counter, COUNTER_SK, PK, SK};
 
@@ -66,6 +67,8 @@ pub(crate) enum Request {
         seat: bool,
         /// The record version that was judged stale.
         rvn: String,
+        /// The remover's version condition on a seat ([`Speaks::maintain`]).
+        speaks: Speaks,
     },
     /// The sweep's removal of a dead entry (see [`SweepDead`]).
     SweepDead(SweepDead),
@@ -90,6 +93,8 @@ pub(crate) enum Request {
         /// counters at [`crate::PROTOCOL`]; the differential test also creates one at a newer
         /// protocol, as a newer build would.
         protocol: u32,
+        /// `permits` (written only above 1, with `protocol = 2`): the key's permits, ours.
+        permits: u32,
     },
     /// `DeleteItem` of our own row, conditioned on `owner` (for the seat: `UpdateItem` of the
     /// counter removing the seat's attributes, conditioned on `owner` and `ticket`).
@@ -106,6 +111,8 @@ pub(crate) enum Request {
         /// (`SET tickDone`, conditioned on the stored one not being newer; [`Owned::NotMarked`]
         /// if it is). A row's release marks the counter first ([`Request::MarkDone`]).
         done: Option<i64>,
+        /// Our version condition on a seat ([`Speaks::maintain`]).
+        speaks: Speaks,
     },
     /// `UpdateItem` of the key's counter marking an ordered tick done: `SET tickDone = :tick`
     /// if the counter exists and its `tickDone` is absent or not newer (the watermark never moves
@@ -218,6 +225,9 @@ pub(crate) struct EnqueueRequest {
     /// The `tickNewest` to set: the highest of the counter's as read and our tick. Conditioned on
     /// the stored one not being higher (it is what we read, unless our counter came from a hint).
     pub newest: Option<i64>,
+    /// Our permits: the counter's condition is [`Speaks::Permits`] of them (one: protocol 1,
+    /// exactly as before; more: the key's `permits` must be ours).
+    pub permits: u32,
 }
 
 /// The sweep's conditional removal of a dead entry: `DeleteItem` of its row (for the seat:
@@ -280,6 +290,8 @@ pub(crate) struct Beat {
     pub rvn: String,
     /// Set `acquiredAtMs` if it is not set yet (the row has just been granted).
     pub acquired_at_ms: Option<i64>,
+    /// Our version condition on a seat ([`Speaks::maintain`]).
+    pub speaks: Speaks,
 }
 
 /// The answer to a [`Request`].

@@ -8,6 +8,7 @@ use super::{
     ScanRequest, StaleDelete, Storage, SweepDead,
 };
 use crate::error::Error;
+use crate::protocol::Speaks;
 use crate::schema::{Counter, QueueRow, Snapshot, COUNTER_SK, SK};
 use aws_sdk_dynamodb::types::AttributeValue;
 
@@ -156,12 +157,15 @@ impl Store {
         key: &str,
         last: u64,
         owner: &str,
+        permits: u32,
     ) -> Result<bool, Failure> {
+        // One permit: protocol 1, exactly as a protocol 1 build creates it.
         let request = Request::CreateCounter {
             key: key.to_owned(),
             last,
             owner: owner.to_owned(),
-            protocol: crate::protocol::PROTOCOL,
+            protocol: crate::protocol::Speaks::Permits(permits).protocol(),
+            permits,
         };
         match self.call(request).await? {
             Response::Created(c) => Ok(c),
@@ -175,12 +179,14 @@ impl Store {
         ticket: u64,
         seat: bool,
         rvn: &str,
+        speaks: Speaks,
     ) -> Result<StaleDelete, Failure> {
         let request = Request::DeleteStale {
             key: key.to_owned(),
             ticket,
             seat,
             rvn: rvn.to_owned(),
+            speaks,
         };
         match self.call(request).await? {
             Response::StaleDelete(o) => Ok(o),
@@ -227,12 +233,14 @@ impl Store {
         seat: bool,
         owner: &str,
         done: Option<i64>,
+        speaks: Speaks,
     ) -> Result<Owned, Failure> {
         let request = Request::DeleteOwned {
             key: key.to_owned(),
             ticket,
             seat,
             owner: owner.to_owned(),
+            speaks,
             done: done.filter(|_| seat),
         };
         match self.call(request).await? {

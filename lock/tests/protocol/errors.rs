@@ -64,6 +64,7 @@ async fn a_millisecond_ttl_in_a_row_is_reported_by_name() {
     // a TTL written in milliseconds by some other client.
     let g = env.locker().await.acquire("k", &fast()).await.unwrap();
     let row = flightlock::schema::NewRow {
+        protocol: 1,
         key: "k",
         ticket: g.token() + 1,
         owner: "someone-else",

@@ -16,11 +16,11 @@ async fn wait_zero_on_a_held_key_fails_in_at_most_two_requests_and_leaves_nothin
         ..fast()
     };
     let err = locker.acquire("k", &opts).await.unwrap_err();
-    let Error::Busy {
-        holder: Some(h), ..
-    } = &err
-    else {
+    let Error::Busy { holders, .. } = &err else {
         panic!("expected busy with a holder, got {err}")
+    };
+    let [h] = holders.as_slice() else {
+        panic!("expected exactly one holder, got {err}")
     };
     assert_eq!(h.ticket, holder.token());
     assert!(

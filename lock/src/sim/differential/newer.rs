@@ -38,6 +38,8 @@ pub(super) fn retarget(req: &Request, model: &Table) -> Option<Request> {
                     owner: text(crate::schema::LAST_OWNER),
                     tick_done: None,
                     tick_newest: None,
+                    protocol: 1,
+                    permits: 1,
                 };
             }
         }

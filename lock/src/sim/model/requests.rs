@@ -11,7 +11,7 @@ use crate::storage::answers::{
     enqueue_outcome, protocol_refused, renewal_refused, row_judged, seat_judged, seat_refused,
 };
 use crate::storage::{
-    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, StaleDelete,
+    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, Speaks, StaleDelete,
 };
 
 impl Table {
@@ -20,8 +20,8 @@ impl Table {
         // A single-item write to the counter is conditioned on a protocol we speak, and its
         // refusal read as `storage/answers.rs` reads it (the enqueue transaction's counter half
         // is in `counter_check`).
-        if let Some(key) = counter_write(request) {
-            protocol_refused(key, self.get(key, COUNTER_SK))?;
+        if let Some((key, speaks)) = counter_write(request) {
+            protocol_refused(key, self.get(key, COUNTER_SK), speaks)?;
         }
         match request {
             Request::Query { key, start, range } => Ok(match range {
@@ -37,6 +37,7 @@ impl Table {
                 ticket,
                 seat,
                 rvn,
+                ..
             } => {
                 let outcome = self.remove_dead(key, *ticket, *seat, rvn, None, now);
                 self.count_stale(outcome);
@@ -47,7 +48,7 @@ impl Table {
                 // the counter's, checked above).
                 if !d.seat {
                     let sk = entry_sk(d.ticket, d.seat);
-                    protocol_refused(&d.key, self.get(&d.key, &sk))?;
+                    protocol_refused(&d.key, self.get(&d.key, &sk), Speaks::Any)?;
                 }
                 let sweep = Some((d.owner.as_str(), d.cutoff_ms));
                 let outcome = self.remove_dead(&d.key, d.ticket, d.seat, &d.rvn, sweep, now);
@@ -114,6 +115,7 @@ impl Table {
                 last,
                 owner,
                 protocol,
+                permits,
             } => {
                 if self.get(key, COUNTER_SK).is_some() {
                     return Ok(Response::Created(false));
@@ -122,6 +124,9 @@ impl Table {
                 self.set_counter(key, *last, Some(&by), now);
                 if let Some(mut counter) = self.get(key, COUNTER_SK).cloned() {
                     counter.insert(schema::PROTOCOL_ATTR.into(), schema::n(*protocol));
+                    if *permits > 1 {
+                        counter.insert(schema::PERMITS_ATTR.into(), schema::n(*permits));
+                    }
                     self.put(counter, now);
                 }
                 Ok(Response::Created(true))
@@ -132,6 +137,7 @@ impl Table {
                 seat: true,
                 owner,
                 done: Some(tick),
+                ..
             } => Ok(Response::Owned(
                 self.release_seat_done(key, *ticket, owner, *tick, now),
             )),
@@ -174,7 +180,7 @@ impl Table {
             .and_then(|c| string(c, schema::LAST_OWNER))
             .map(str::to_owned);
         let ok = last == i64::try_from(r.counter.last).ok() && by == r.counter.owner;
-        let ok = ok && crate::protocol::check(&r.key, counter.as_ref()).is_ok();
+        let ok = ok && Speaks::Permits(r.permits).passes(counter.as_ref());
         let ok = ok && self.tick_conditions(r, counter.as_ref());
         (ok, counter)
     }
@@ -338,18 +344,24 @@ impl Table {
 
 /// The key of a single-item write of the counter (the seat's take, heartbeat, release and
 /// removals; a tick's mark): each is conditioned on a protocol we speak.
-fn counter_write(request: &Request) -> Option<&str> {
+fn counter_write(request: &Request) -> Option<(&str, Speaks)> {
     match request {
-        Request::Enqueue(r) if r.seat => Some(&r.key),
-        Request::Heartbeat(b) if b.seat => Some(&b.key),
-        Request::SweepDead(d) if d.seat => Some(&d.key),
+        Request::Enqueue(r) if r.seat => Some((&r.key, Speaks::Permits(r.permits))),
+        Request::Heartbeat(b) if b.seat => Some((&b.key, b.speaks)),
+        Request::SweepDead(d) if d.seat => Some((&d.key, Speaks::Any)),
         Request::DeleteStale {
-            key, seat: true, ..
+            key,
+            seat: true,
+            speaks,
+            ..
         }
         | Request::DeleteOwned {
-            key, seat: true, ..
-        }
-        | Request::MarkDone { key, .. } => Some(key),
+            key,
+            seat: true,
+            speaks,
+            ..
+        } => Some((key, *speaks)),
+        Request::MarkDone { key, .. } => Some((key, Speaks::Permits(1))),
         _ => None,
     }
 }

@@ -34,6 +34,7 @@ pub(crate) fn describe(r: &Request) -> String {
             ticket,
             seat,
             rvn,
+            ..
         } => {
             format!(
                 "DeleteStale({key} t{ticket}{} rvn {})",

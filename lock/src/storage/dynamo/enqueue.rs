@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
 use super::{fatal_build, Dynamo};
 use crate::schema::{self, n, s, PK};
 use crate::storage::answers::{enqueue_outcome, seat_refused};
-use crate::storage::{counter_key, Enqueue, EnqueueRequest, Failure};
+use crate::storage::{counter_key, Enqueue, EnqueueRequest, Failure, Speaks};
 
 impl Dynamo {
     /// The enqueue transaction (see [`EnqueueRequest`]). `ClientRequestToken` makes a retried
@@ -23,12 +23,12 @@ impl Dynamo {
         if r.seat {
             return self.take_seat(r).await;
         }
-        let (update, names, values) = counter_move(r);
+        let (update, names, values, version) = counter_move(r);
         let counter = Update::builder()
             .table_name(&*self.table)
             .set_key(Some(counter_key(&r.key)))
             .update_expression(update)
-            .condition_expression(counter_condition(r))
+            .condition_expression(counter_condition(r, version))
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -91,7 +91,7 @@ impl Dynamo {
     /// on the counter as read and an empty seat. A retry of an attempt that landed finds the seat
     /// ours ([`Enqueue::AlreadyOurs`]); any other refusal reports the counter as it is.
     pub(super) async fn take_seat(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
-        let (mut update, mut names, mut values) = counter_move(r);
+        let (mut update, mut names, mut values, version) = counter_move(r);
         // The seat's attributes under their one placeholder each (`schema::seat_placeholder`),
         // which the condition uses too. A new row always carries `owner`.
         for (name, value) in schema::seat_attributes(&r.row) {
@@ -103,7 +103,7 @@ impl Dynamo {
         }
         let condition = format!(
             "{} AND attribute_not_exists({})",
-            counter_condition(r),
+            counter_condition(r, version),
             schema::seat_placeholder(schema::OWNER)
         );
         let result = self
@@ -138,6 +138,7 @@ fn counter_move(
     String,
     HashMap<String, String>,
     HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+    &'static str,
 ) {
     let mut values = HashMap::from([
         (":next".to_owned(), n(r.ticket)),
@@ -154,11 +155,6 @@ fn counter_move(
         ("#last".to_owned(), schema::LAST.to_owned()),
         ("#by".to_owned(), schema::LAST_OWNER.to_owned()),
     ]);
-    names.insert(crate::protocol::NAME.into(), schema::PROTOCOL_ATTR.into());
-    values.insert(
-        crate::protocol::VALUE.into(),
-        crate::protocol::speaks_value(),
-    );
     let mut update = "SET #last = :next, #by = :owner".to_owned();
     if let Some(tick) = r.tick {
         names.insert("#td".into(), schema::TICK_DONE.into());
@@ -169,20 +165,21 @@ fn counter_move(
         values.insert(":newest".into(), n(newest));
         update.push_str(", #tn = :newest");
     }
-    (update, names, values)
+    let version = Speaks::Permits(r.permits).condition(&mut names, &mut values);
+    (update, names, values, version)
 }
 
 /// The counter half's condition: exactly the counter as read, on a protocol we speak
 /// ([`crate::protocol::CONDITION`]); with an ordered tick, a watermark
 /// below it ([`ENQUEUE_TICK_CONDITION`]) and a `tickNewest` not above the one we set.
-fn counter_condition(r: &EnqueueRequest) -> String {
+fn counter_condition(r: &EnqueueRequest, version: &'static str) -> String {
     let mut condition = match &r.counter.owner {
         Some(_) => "#last = :expected AND #by = :by",
         None => "#last = :expected AND attribute_not_exists(#by)",
     }
     .to_owned();
     condition.push_str(" AND ");
-    condition.push_str(protocol_condition(r.seat));
+    condition.push_str(protocol_condition(r.seat && r.permits == 1, version));
     if r.tick.is_some() {
         condition.push_str(" AND ");
         condition.push_str(enqueue_tick_condition());
@@ -195,13 +192,13 @@ fn counter_condition(r: &EnqueueRequest) -> String {
 
 /// [`crate::protocol::CONDITION`], or under the test-only mutant, for the seat's take, one that
 /// passes whatever protocol the key runs (the version ignored by one request).
-fn protocol_condition(seat: bool) -> &'static str {
+fn protocol_condition(seat: bool, version: &'static str) -> &'static str {
     #[cfg(test)]
     if seat && crate::mutant::on(crate::mutant::Mutant::StoreSeatIgnoresProtocol) {
         return "(attribute_not_exists(#proto) OR #proto <= :speaks OR #proto > :speaks)";
     }
     let _ = seat;
-    crate::protocol::CONDITION
+    version
 }
 
 /// An enqueue's tick condition: the tick is not done (the watermark is absent or below it).

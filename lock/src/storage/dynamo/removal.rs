@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use super::Dynamo;
 use crate::schema::{self, n, s};
 use crate::storage::answers::{protocol_refused, row_judged, seat_judged};
-use crate::storage::{counter_key, row_key, Failure, StaleDelete};
+use crate::storage::{counter_key, row_key, Failure, Speaks, StaleDelete};
 
 /// The sweep's delete condition: still the dead row that was read, written under a protocol this
 /// build speaks (from protocol 2 on, every row carries the `protocol` it was written under).
@@ -32,6 +32,7 @@ impl Dynamo {
         seat: bool,
         rvn: &str,
         sweep: Option<(&str, i64)>,
+        speaks: Speaks,
     ) -> Result<StaleDelete, Failure> {
         let operation = if seat { "UpdateItem" } else { "DeleteItem" };
         let result = if seat {
@@ -39,7 +40,7 @@ impl Dynamo {
             if let Some((owner, _)) = sweep {
                 equal.push((schema::OWNER, s(owner)));
             }
-            self.vacate(key, &equal, sweep.map(|(_, cutoff)| cutoff))
+            self.vacate(key, &equal, sweep.map(|(_, cutoff)| cutoff), speaks)
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
@@ -48,7 +49,8 @@ impl Dynamo {
                 .map(drop)
                 .map_err(|e| match e.as_service_error() {
                     Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                        protocol_refused(key, c.item()).map(|()| seat_judged(c.item(), ticket))
+                        protocol_refused(key, c.item(), speaks)
+                            .map(|()| seat_judged(c.item(), ticket))
                     }
                     _ => Err(self.classify(operation, e)),
                 })
@@ -74,7 +76,7 @@ impl Dynamo {
                     .expression_attribute_values(":cutoff", n(cutoff))
                     .expression_attribute_values(
                         crate::protocol::VALUE,
-                        crate::protocol::speaks_value(),
+                        n(Speaks::Any.protocol()),
                     ),
             };
             delete
@@ -87,7 +89,7 @@ impl Dynamo {
                     Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
                         if sweep.is_some() {
                             // A row written under a newer protocol: not ours to judge.
-                            protocol_refused(key, c.item())?;
+                            protocol_refused(key, c.item(), Speaks::Any)?;
                         }
                         Ok(row_judged(c.item()))
                     }
@@ -107,6 +109,7 @@ impl Dynamo {
         key: &str,
         equal: &[(&str, aws_sdk_dynamodb::types::AttributeValue)],
         lease_before: Option<i64>,
+        speaks: Speaks,
     ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
         let (names, remove) = schema::seat_placeholders();
         // One placeholder per attribute: the condition uses the one the removal does.
@@ -135,16 +138,8 @@ impl Dynamo {
             values.insert(":cutoff".to_owned(), n(cutoff));
         }
         // The seat lives on the counter: only on a protocol we speak.
-        terms.push(crate::protocol::CONDITION.to_owned());
-        values.insert(
-            crate::protocol::VALUE.to_owned(),
-            crate::protocol::speaks_value(),
-        );
         let mut names = names;
-        names.insert(
-            crate::protocol::NAME.to_owned(),
-            schema::PROTOCOL_ATTR.to_owned(),
-        );
+        terms.push(speaks.condition(&mut names, &mut values).to_owned());
         let mut update = self
             .client
             .update_item()

@@ -9,6 +9,7 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use super::Dynamo;
 use crate::schema::{self, n, s, PK, SK};
 use crate::storage::answers::{protocol_refused, seat_release_refused};
+use crate::storage::Speaks;
 use crate::storage::{counter_key, Failure, Owned};
 
 /// The watermark condition of a release that marks `:tick` done: it never moves backwards.
@@ -46,7 +47,7 @@ impl Dynamo {
             (":tick".to_owned(), n(tick)),
             (
                 crate::protocol::VALUE.to_owned(),
-                crate::protocol::speaks_value(),
+                n(Speaks::Permits(1).protocol()),
             ),
         ]);
         // The caller retries (as for any release): no SDK retries underneath, so it knows when
@@ -81,7 +82,7 @@ impl Dynamo {
             Ok(_) => Ok(Owned::Yes),
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    protocol_refused(key, c.item())?;
+                    protocol_refused(key, c.item(), Speaks::Permits(1))?;
                     Ok(seat_release_refused(c.item(), owner, ticket))
                 }
                 _ => Err(self.classify("UpdateItem", e)),
@@ -107,7 +108,7 @@ impl Dynamo {
             .expression_attribute_names("#last", schema::LAST)
             .expression_attribute_names(crate::protocol::NAME, schema::PROTOCOL_ATTR)
             .expression_attribute_values(":tick", n(tick))
-            .expression_attribute_values(crate::protocol::VALUE, crate::protocol::speaks_value())
+            .expression_attribute_values(crate::protocol::VALUE, n(Speaks::Permits(1).protocol()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
@@ -115,7 +116,7 @@ impl Dynamo {
             Ok(_) => Ok(true),
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    protocol_refused(key, c.item())?;
+                    protocol_refused(key, c.item(), Speaks::Permits(1))?;
                     Ok(false)
                 }
                 _ => Err(self.classify("UpdateItem", e)),
