@@ -108,6 +108,9 @@ pub(crate) enum Mutant {
     /// `locker/enqueue.rs`: the counter's seat is not counted against the permits (it is still
     /// judged, passed over and removed like any entry).
     SeatNotCounted,
+    /// `storage/dynamo/enqueue.rs`: the enqueue's permits condition accepts any permits (the
+    /// version still checked): a participant of other permits is granted on the key.
+    StorePermitsIgnored,
 }
 
 thread_local! {

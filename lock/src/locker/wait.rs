@@ -287,7 +287,11 @@ impl Attempt<'_> {
                     }
                 },
             };
-            deep = ahead >= self.near();
+            // The far-back look reads only the queue's first entry: it can tell a waiter with one
+            // permit that someone is ahead, but not one with N that N live entries are (the
+            // tickets between may be gaps), so only one permit uses it. A full look stops at the
+            // N-th live entry ahead: one read unit for N up to a page.
+            deep = self.opts.permits == 1 && ahead >= self.near();
             let jitter = self.locker.clock.jitter();
             let mut pause = pace.after_look(self.now(), self.rounds(ahead), nearest, jitter);
             if adjacent && self.opts.permits == 1 && self.locker.memory.ours(self.key, nearest) {

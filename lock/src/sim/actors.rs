@@ -98,6 +98,12 @@ async fn process(
         };
         opts.tick = pick_tick(&mut ticks);
         opts.coalesce = opts.wait != Wait::NoWait && ticks.random_bool(0.4);
+        if opts.permits > 1 {
+            // Once per tick and coalescing are one-at-a-time promises (drawn all the same, so
+            // the tick generator stays in step).
+            opts.tick = None;
+            opts.coalesce = false;
+        }
         let tick = opts.tick.clone();
         let faults_at_start = ctx.faults_on.load(Ordering::SeqCst);
         let started = Instant::now();
@@ -183,6 +189,18 @@ async fn process(
                 ctx.with(|m| m.applied("tick done or superseded, not run"));
                 continue;
             }
+            Err(e @ Error::PermitsMismatch { .. })
+                if ctx
+                    .with(|m| m.tampered.contains(&key.name))
+                    .unwrap_or(false) =>
+            {
+                // An operator recreated the key's counter by hand (a set-back of `last` on a
+                // deleted counter creates a bare one): it forgot the key's permits, and the
+                // participants fail closed until it is set again (documented).
+                ctx.note(format!("{who} refused after {elapsed:?}: {e}"));
+                ctx.with(|m| m.applied("permits forgotten by hand: fail closed"));
+                continue;
+            }
             Err(e) => {
                 ctx.note(format!("{who} error after {elapsed:?}: {e}"));
                 if !faults_at_start {
@@ -208,7 +226,7 @@ async fn process(
             .with(|m| m.deleted_by_hand.contains(guard.owner()))
             .unwrap_or(false);
         if !by_hand {
-            check_nothing_live_below(ctx, &who, &key.name, token);
+            check_nothing_live_below(ctx, &who, &key.name, token, key.opts.permits);
         }
         let mut steps = rng.random_range(0..=6);
         // A quarter of the holds outlast several leases (up to five more): a healthy holder
@@ -219,7 +237,7 @@ async fn process(
         let held_from = Instant::now();
         for _ in 0..steps {
             tokio::time::sleep(lease / 5).await;
-            ctx.with(|m| m.work(&who, &key.name));
+            ctx.with(|m| m.work(&who, &key.name, key.opts.permits));
         }
         // Whether the run succeeded (a tick is marked only then), decided by the tick generator.
         let succeeded = ticks.random_bool(0.7);

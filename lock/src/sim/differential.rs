@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::model::Table;
-use newer::{retarget, seat_of, NEWER_KEY};
+use newer::{retarget, seat_of, with_permits, NEWER_KEY, PERMITS_KEY};
 
 mod newer;
 use crate::schema::{HolderInfo, NewRow};
@@ -62,22 +62,15 @@ fn row_under(key: &str, ticket: u64, owner: &str, rvn: &str, until: i64, protoco
     .to_item()
 }
 
-/// The permits a request is sent with: mostly one (protocol 1), else 2 or 3 (protocol 2), so
-/// keys get created with either, and every request meets keys of its own and of other permits.
-fn permits(rng: &mut StdRng) -> u32 {
-    [1, 1, 2, 3][rng.random_range(0..4)]
-}
-
 /// A random request; `sent` remembers enqueues so some tokens are reused. Tokens carry `run`:
 /// DynamoDB remembers them per account for 10 minutes, across tables and test runs.
 /// Half the enqueues and owned deletes aim at what `model` holds, so they succeed often enough.
 fn request(rng: &mut StdRng, sent: &mut Vec<EnqueueRequest>, run: u32, model: &Table) -> Request {
-    // k2 is where keys of more than one permit mostly come up (k0 and k1 keep the draws they
-    // had before permits existed, but for the permits themselves).
-    let key = format!("k{}", rng.random_range(0..3));
+    let key = format!("k{}", rng.random_range(0..2));
     let ticket = rng.random_range(1..=5);
     let owner = pick(rng, &OWNERS);
-    let n = if key == "k2" { permits(rng) } else { 1 };
+    // One permit here; `newer::with_permits` sends a share with more to a key of 3 permits.
+    let n = 1;
     let speaks = crate::protocol::Speaks::maintain(n);
     match rng.random_range(0..13) {
         12 => match rng.random_range(0..3) {
@@ -360,13 +353,47 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
     if created.0 != created.1 {
         return Err(format!("creating the newer key: {created:?}"));
     }
+    let three = Request::CreateCounter {
+        key: PERMITS_KEY.into(),
+        last: 2,
+        owner: "owner-permits".into(),
+        protocol: 2,
+        permits: 3,
+    };
+    let created = (
+        normalize(&dynamo.call(three.clone()).await),
+        normalize(&model.apply(&three, Instant::now())),
+    );
+    if created.0 != created.1 {
+        return Err(format!("creating the key of 3 permits: {created:?}"));
+    }
     for seed in 0..seeds {
         let mut rng = StdRng::seed_from_u64(seed);
         // A stream of its own, so the requests of the other keys stay what they were.
         let mut aim = StdRng::seed_from_u64(seed.wrapping_add(0x5eed_0000));
+        // And one for the key of 3 permits (issue 26).
+        let mut perm = StdRng::seed_from_u64(seed.wrapping_add(0x9e2b_0000));
         let mut sent = Vec::new();
         for step in 0..150 {
             let req = request(&mut rng, &mut sent, run, &model);
+            if perm.random_bool(0.3) {
+                let n = [3, 3, 3, 2, 1][perm.random_range(0..5)];
+                if let Some(again) = with_permits(&req, &model, n) {
+                    let real = normalize(&dynamo.call(again.clone()).await);
+                    let modeled = normalize(&model.apply(&again, Instant::now()));
+                    if real != modeled {
+                        return Err(format!(
+                            "seed {seed} step {step} (3 permits): {again:?}\n DynamoDB Local: \
+                             {real}\n model: {modeled}"
+                        ));
+                    }
+                    let label: String = modeled.chars().take(26).collect();
+                    let seat = if seat_of(&again) { "seat " } else { "" };
+                    *kinds
+                        .entry(format!("{seat}permits {n} {label}"))
+                        .or_default() += 1;
+                }
+            }
             if aim.random_bool(0.3) {
                 if let Some(again) = retarget(&req, &model) {
                     let real = normalize(&dynamo.call(again.clone()).await);
@@ -412,7 +439,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
             let label = if seat { format!("seat {label}") } else { label };
             *kinds.entry(label).or_default() += 1;
         }
-        for key in ["k0", "k1", NEWER_KEY] {
+        for key in ["k0", "k1", NEWER_KEY, PERMITS_KEY] {
             let real = dynamo
                 .call(Request::Query {
                     key: key.into(),
@@ -507,6 +534,12 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "newer fatal ProtocolTooNew",
         "seat newer fatal ProtocolTooNew",
         "newer page",
+        // The key of three permits (issue 26): granted to its own permits, seat and row, renewed;
+        // refused to others, and the refusal read as a mismatch naming both values.
+        "permits 3 Enqueue(Done)",
+        "seat permits 3 Enqueue(Done)",
+        "permits 2 fatal PermitsMismatch 3 2",
+        "seat permits 1 fatal PermitsMismatch 3 1",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),
@@ -529,6 +562,7 @@ async fn a_broken_request_condition_in_store_is_caught() {
         Mutant::StoreMarkBackwards,
         Mutant::StoreSweepWithoutRvn,
         Mutant::StoreSeatIgnoresProtocol,
+        Mutant::StorePermitsIgnored,
     ] {
         let planted = plant(Some(m));
         let found = compare(8).await;

@@ -60,6 +60,8 @@ mod differential;
 mod lease_edge;
 pub(crate) mod model;
 mod monitor;
+#[cfg(test)]
+mod permits;
 
 #[cfg(test)]
 mod mutations;
@@ -146,7 +148,10 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     drop(crate::mutant::take_fired()); // an earlier run's, on this thread
     let origin = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
-    let keys = plan_keys(&mut rng, &knobs);
+    let mut keys = plan_keys(&mut rng, &knobs);
+    if knobs.permits {
+        scenario::plan_permits(seed, &mut keys, knobs.many_permits);
+    }
     let min_lease = keys.iter().map(|k| k.opts.lease).min().unwrap_or_default();
     let attempt_timeout = min_lease / 4;
     let mut table = Table::new(origin, EPOCH_MS);

@@ -99,10 +99,14 @@ impl Monitor {
             .believers(key, who)
             .map(|h| format!("{} (token {})", h.who, h.token))
             .collect();
-        if !others.is_empty() && !exempt {
+        let permits = plan.opts.permits as usize;
+        if permits > 1 {
+            self.applied("at most N holders (N > 1)");
+        }
+        if others.len() >= permits && !exempt {
             self.violations.push(format!(
                 "mutual exclusion: {who} granted {key} with token {token} while {} still \
-                 believes it holds it",
+                 believe(s) it holds it ({permits} permit(s))",
                 others.join(", ")
             ));
         }
@@ -112,7 +116,18 @@ impl Monitor {
             // tokens (the counter was deleted by hand). Documented, not a violation.
             *max = 0;
         }
-        if token <= *max && !self.tampered.contains(key) && !exempt {
+        // With more than one permit, entries that may hold at once are granted in whatever
+        // order they look (each within the first N): tokens are unique, not granted in order.
+        let reused = self
+            .holders
+            .iter()
+            .any(|h| h.key == key && h.token == token);
+        if permits > 1 && reused && !self.tampered.contains(key) && !exempt {
+            self.violations.push(format!(
+                "fencing: {who} granted {key} with token {token}, which a holder has"
+            ));
+        }
+        if permits == 1 && token <= *max && !self.tampered.contains(key) && !exempt {
             self.violations.push(format!(
                 "fencing: {who} granted {key} with token {token}, not above {max}"
             ));
@@ -133,7 +148,7 @@ impl Monitor {
         });
     }
 
-    pub(super) fn work(&mut self, who: &str, key: &str) {
+    pub(super) fn work(&mut self, who: &str, key: &str, permits: u32) {
         let believes = self
             .holders
             .iter()
@@ -142,7 +157,7 @@ impl Monitor {
             return;
         }
         let others: Vec<String> = self.believers(key, who).map(|h| h.who.clone()).collect();
-        if !others.is_empty() {
+        if others.len() >= permits as usize {
             self.violations.push(format!(
                 "mutual exclusion: {who} works on {key} while {} also believes it holds it",
                 others.join(", ")
@@ -295,9 +310,9 @@ pub(super) fn note_hold(
     }
 }
 
-/// FIFO: at a grant, no row below ours may still be live (its version sent less than its lease
-/// ago).
-pub(super) fn check_nothing_live_below(ctx: &Ctx, who: &str, key: &str, token: u64) {
+/// FIFO: at a grant, fewer than the key's permits of the rows below ours may still be live (their
+/// version sent less than their lease ago): with one permit, none.
+pub(super) fn check_nothing_live_below(ctx: &Ctx, who: &str, key: &str, token: u64, permits: u32) {
     let now = Instant::now();
     let Ok(table) = ctx.net.table.lock() else {
         return;
@@ -306,17 +321,28 @@ pub(super) fn check_nothing_live_below(ctx: &Ctx, who: &str, key: &str, token: u
         return;
     };
     drop(table);
+    let mut live = Vec::new();
     for row in snap.rows.iter().filter(|r| r.ticket < token) {
         if let Some(age) = ctx.age(&row.rvn, now) {
             let lease = Duration::from_millis(u64::try_from(row.lease_ms).unwrap_or(0));
             if age < lease {
-                ctx.violation(format!(
-                    "FIFO: {who} granted {key} token {token} past row t{} sent {age:?} ago \
-                     (lease {lease:?})",
+                live.push(format!(
+                    "t{} sent {age:?} ago (lease {lease:?})",
                     row.ticket
                 ));
             }
         }
+    }
+    if permits > 1 {
+        ctx.with(|m| m.applied("FIFO across permits (N > 1)"));
+    }
+    if live.len() >= permits as usize {
+        ctx.violation(format!(
+            "FIFO: {who} granted {key} token {token} past {} live row(s) below it with {permits} \
+             permit(s): {}",
+            live.len(),
+            live.join(", ")
+        ));
     }
 }
 

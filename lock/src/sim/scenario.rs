@@ -44,6 +44,27 @@ pub(crate) struct Knobs {
     /// the time not at all), so its own lease runs out across its requests: its last look, its
     /// enqueue, its tick id's check (see [`plan_edge`]).
     pub lease_edge: bool,
+    /// The permits family: each key draws its permits, 1 to 4 (from a generator of its own, so
+    /// the rest of the plan is the main family's), and the checks hold it to "at most N".
+    pub permits: bool,
+    /// With `permits`: every key has 2 to 4 (the mutation tests of the permits family, so each
+    /// defect is shown on a key of more than one permit).
+    pub many_permits: bool,
+}
+
+/// Mixed into a run's seed for the keys' permits (the permits family).
+const PERMITS_SEED: u64 = 0x9e2b_17a5;
+
+/// The permits family: each key's permits, 1 to 4 (twice as often above 1), drawn from a
+/// generator of its own.
+pub(super) fn plan_permits(seed: u64, keys: &mut [KeyPlan], many: bool) {
+    let mut rng = StdRng::seed_from_u64(seed ^ PERMITS_SEED);
+    for key in keys {
+        key.opts.permits = [1, 2, 2, 3, 3, 4][rng.random_range(0..6)];
+        if many {
+            key.opts.permits = key.opts.permits.max(2);
+        }
+    }
 }
 
 /// One key's settings.

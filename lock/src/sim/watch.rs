@@ -37,9 +37,13 @@ pub(super) async fn stuck_watch(
                         // Anyone who believes it holds, exempt from the exclusion checks or
                         // not: an owner whose earlier entry an operator deleted may hold a
                         // later one of its own by right.
+                        // With N permits, a gap is fewer than N holders while someone waits
+                        // (a free permit with a waiter).
                         m.holders
                             .iter()
-                            .any(|h| h.key == key.name && h.lost.reason().is_none()),
+                            .filter(|h| h.key == key.name && h.lost.reason().is_none())
+                            .count()
+                            >= key.opts.permits as usize,
                         m.upset_at.get(&key.name).copied(),
                     )
                 })
@@ -57,9 +61,10 @@ pub(super) async fn stuck_watch(
             let bound = availability::gap_bound(key, ctx.attempt_timeout);
             if now - start > bound {
                 ctx.violation(format!(
-                    "progress: {} has a forever waiter and no live holder for {:?} after faults \
-                     stopped (bound {bound:?})",
+                    "progress: {} has a forever waiter and fewer than {} live holder(s) for {:?} \
+                     after faults stopped (bound {bound:?})",
                     key.name,
+                    key.opts.permits,
                     now - start
                 ));
                 since.insert(key.name.clone(), now);

@@ -22,3 +22,5 @@ mod wait;
 // Issue 25: the protocol's version on the table, and the snapshot of its requests.
 mod snapshot;
 mod versions;
+// Issue 26: N at a time.
+mod permits;

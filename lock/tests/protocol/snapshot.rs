@@ -22,9 +22,10 @@ use serde_json::Value;
 
 use crate::common::*;
 
-/// Records one line per request kind sent through the client it is installed on.
+/// Records one line per request kind sent through the client it is installed on, and every
+/// value sent as `:speaks` (the protocol a write is conditioned on).
 #[derive(Debug, Clone, Default)]
-struct Recorder(Arc<Mutex<BTreeSet<String>>>);
+struct Recorder(Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<BTreeSet<String>>>);
 
 impl Intercept for Recorder {
     fn name(&self) -> &'static str {
@@ -50,6 +51,19 @@ impl Intercept for Recorder {
         };
         let lines = describe(&operation, &body);
         self.0.lock().unwrap().extend(lines);
+        let mut speaks = self.1.lock().unwrap();
+        for values in std::iter::once(&body["ExpressionAttributeValues"]).chain(
+            body["TransactItems"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|e| e.as_object().into_iter().flatten())
+                .map(|(_, item)| &item["ExpressionAttributeValues"]),
+        ) {
+            if let Some(v) = values[":speaks"]["N"].as_str() {
+                speaks.insert(v.to_owned());
+            }
+        }
         Ok(())
     }
 }
@@ -155,9 +169,10 @@ async fn contend(a: &Locker, b: &Locker, key: &str, a_opts: LockOptions, b_opts:
     waiter.await.unwrap();
 }
 
-/// The schedules whose requests make up the snapshot: every request kind of the protocol and
-/// the sweep, each way it is sent.
-async fn record() -> BTreeSet<String> {
+/// The schedules whose requests make up the snapshot of protocol 1: every request kind of the
+/// protocol and the sweep, each way it is sent, by participants of one permit. Returns the lines,
+/// and the `:speaks` values the lockers (not the sweeper) sent.
+async fn record() -> (BTreeSet<String>, BTreeSet<String>) {
     let env = Env::new("snapshot").await;
     let recorder = Recorder::default();
     let a = Locker::new(recording_client(&env, &recorder).await, &env.table);
@@ -216,13 +231,119 @@ async fn record() -> BTreeSet<String> {
         seed::seat("swept-seat", 1, "gone", "r1", dead),
     ])
     .await;
-    let sweeper = Sweeper::new(recording_client(&env, &recorder).await, &env.table);
+    // The sweeper's `:speaks` is the highest protocol it speaks: recorded apart.
+    let swept = Recorder(recorder.0.clone(), Arc::default());
+    let sweeper = Sweeper::new(recording_client(&env, &swept).await, &env.table);
     let summary = sweeper.sweep(&SweepOptions::default()).await.unwrap();
     assert_eq!(summary.deleted, 2, "{summary:#?}");
     a.flush().await;
     b.flush().await;
     let lines = recorder.0.lock().unwrap().clone();
+    let speaks = recorder.1.lock().unwrap().clone();
+    (lines, speaks)
+}
+
+/// The schedules of protocol 2's own requests: participants of three permits on a new key (its
+/// counter created with them, the seat taken, two rows granted at once, a fourth waiting and
+/// granted when a permit frees, heartbeats of the seat and of rows, releases), the hint (a row
+/// granted at once at the next ticket), a busy `wait = 0`, and the sweep of a dead row of a key
+/// of three permits.
+async fn record_permits() -> BTreeSet<String> {
+    let env = Env::new("snapshot-permits").await;
+    let recorder = Recorder::default();
+    let three = LockOptions {
+        permits: 3,
+        ..fast()
+    };
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(Locker::new(
+            recording_client(&env, &recorder).await,
+            &env.table,
+        ));
+    }
+    let mut held = Vec::new();
+    for l in &lockers[..3] {
+        held.push(l.acquire("three", &three).await.unwrap());
+    }
+    let busy = LockOptions {
+        wait: Wait::NoWait,
+        ..three.clone()
+    };
+    let err = lockers[3].acquire("three", &busy).await.unwrap_err();
+    assert!(err.is_busy(), "{err}");
+    let waiter = {
+        let (l, opts) = (lockers[3].clone(), three.clone());
+        tokio::spawn(async move {
+            let g = l.acquire("three", &opts).await.unwrap();
+            tokio::time::sleep(HOLD).await;
+            g.release().await.unwrap();
+        })
+    };
+    tokio::time::sleep(HOLD).await;
+    for g in held.drain(..) {
+        g.release().await.unwrap();
+    }
+    waiter.await.unwrap();
+    // The hint: a row at the next ticket, granted at once.
+    lockers[0]
+        .acquire("three", &three)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // A dead row of a key of three permits, swept.
+    let dead = now_ms() - 3_600_000;
+    let mut row = seed::row("swept-three", 2, "gone", "r1", dead);
+    row.insert(
+        "protocol".to_owned(),
+        aws_sdk_dynamodb::types::AttributeValue::N("2".into()),
+    );
+    let mut counter = seed::counter("swept-three", 2);
+    counter.insert(
+        "protocol".to_owned(),
+        aws_sdk_dynamodb::types::AttributeValue::N("2".into()),
+    );
+    counter.insert(
+        "permits".to_owned(),
+        aws_sdk_dynamodb::types::AttributeValue::N("3".into()),
+    );
+    env.put(vec![counter, row]).await;
+    let sweeper = Sweeper::new(recording_client(&env, &recorder).await, &env.table);
+    let summary = sweeper.sweep(&SweepOptions::default()).await.unwrap();
+    assert_eq!(summary.deleted, 1, "{summary:#?}");
+    for l in &lockers {
+        l.flush().await;
+    }
+    let lines = recorder.0.lock().unwrap().clone();
     lines
+}
+
+/// A key of one permit is protocol 1 on the wire, byte for byte: participants of one permit send
+/// exactly the requests of protocol 1's snapshot, conditioned on `:speaks = 1`, so a protocol 1
+/// build beside them sees nothing it does not know (issue 26: "N = 1 is today's lock, unchanged
+/// on the wire").
+#[tokio::test]
+async fn one_permit_sends_exactly_protocol_1s_requests() {
+    let (recorded, speaks) = record().await;
+    let committed = std::fs::read_to_string(snapshot_path(1)).unwrap();
+    let committed: BTreeSet<String> = committed
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let added: Vec<_> = recorded.difference(&committed).collect();
+    let gone: Vec<_> = committed.difference(&recorded).collect();
+    assert!(
+        added.is_empty() && gone.is_empty(),
+        "one permit no longer sends protocol 1's requests:\nnew: {added:#?}\ngone: {gone:#?}"
+    );
+    assert_eq!(
+        speaks,
+        BTreeSet::from(["1".to_owned()]),
+        "participants of one permit must condition their writes on protocol 1"
+    );
 }
 
 fn snapshot_path(protocol: u32) -> PathBuf {
@@ -235,7 +356,8 @@ const HEADER: &str = "# The requests of flightlock protocol";
 
 #[tokio::test]
 async fn the_protocols_requests_match_the_snapshot_of_its_number() {
-    let recorded = record().await;
+    let (mut recorded, _) = record().await;
+    recorded.extend(record_permits().await);
     let text: String = std::iter::once(format!(
         "{HEADER} {PROTOCOL} (lock/tests/protocol/snapshot.rs; see CONTRIBUTING.md)"
     ))

@@ -71,6 +71,9 @@ pub(crate) enum Mutation {
     /// The sweep's removal is conditioned on nothing (neither the owner, nor the version `rvn`
     /// the sweeper judged, nor the cutoff): it trusts what its eventually consistent scan showed.
     SweepUnconditional,
+    /// A release frees another holder's permit: a row's release also removes the key's lowest
+    /// other entry (a semaphore that counts releases instead of owners).
+    ReleaseFreesOther,
 }
 
 /// Who removed a queue row.

@@ -163,6 +163,9 @@ impl Table {
                     Ok(Response::Owned(Owned::Yes))
                 } else if ours {
                     self.remove(key, &sk, now, None);
+                    if self.mutation == Some(Mutation::ReleaseFreesOther) {
+                        self.free_another(key, now);
+                    }
                     Ok(Response::Owned(Owned::Yes))
                 } else {
                     Ok(Response::Owned(Owned::No))
@@ -288,6 +291,21 @@ impl Table {
         let sk = schema::queue_sk(r.ticket);
         if self.get(&r.key, &sk).is_none() {
             self.put(r.row.clone(), now);
+        }
+    }
+
+    /// [`Mutation::ReleaseFreesOther`]: removes the key's lowest entry (the seat first), whoever
+    /// holds it.
+    fn free_another(&mut self, key: &str, now: Instant) {
+        let Ok(snap) = Snapshot::from_items(key, &self.partition(key)) else {
+            return;
+        };
+        match snap.rows.first() {
+            Some(r) if r.seat => self.vacate(key, now, None),
+            Some(r) => {
+                self.remove(key, &schema::queue_sk(r.ticket), now, None);
+            }
+            None => {}
         }
     }
 
