@@ -67,8 +67,9 @@ pub(crate) enum Mutant {
     /// ignored by one request), so a build that does not speak the key's protocol takes a seat
     /// it cannot read.
     StoreSeatIgnoresProtocol,
-    /// `locker/wait.rs`: a waiter's look ignores the version of the counter it reads, so at the
-    /// bottom of the queue of a switched key it sees no holder it knows and is granted.
+    /// `locker/wait.rs`, `locker/ticks.rs`: a waiter's look ignores the version and the permits of
+    /// the counter it reads, so a waiter queued before its key's permits were lowered is granted
+    /// by its own, higher number.
     LookIgnoresProtocol,
     /// `locker/wait.rs`: a look that finds the way clear grants without checking that our own
     /// lease outlasted the look: an entry others may have judged dead and passed over meanwhile

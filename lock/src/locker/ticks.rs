@@ -28,13 +28,18 @@ impl Attempt<'_> {
         }
     }
 
-    /// What the counter as read answers an acquisition before it writes: our ordered tick is
-    /// done (at or below the watermark), or (coalescing) a newer tick is queued already.
+    /// A key has one number of permits: a participant configured with another is refused
+    /// (before anything is judged, removed or written on what it read).
+    fn permits_agree(&self, counter: &Counter) -> Result<(), Error> {
+        crate::protocol::agree_permits(self.key, counter.permits, self.opts.permits)
+    }
+
+    /// What the counter as read answers an acquisition before it writes: its permits are not
+    /// ours, our ordered tick is done (at or below the watermark), or (coalescing) a newer tick
+    /// is queued already.
     pub(super) fn counter_answer(&self, counter: Option<&Counter>) -> Option<Error> {
         let c = counter?;
-        // A key has one number of permits: a participant configured with another is refused
-        // (before anything is judged, removed or written on what it read).
-        if let Err(e) = crate::protocol::agree_permits(self.key, c.permits, self.opts.permits) {
+        if let Err(e) = self.permits_agree(c) {
             return Some(e);
         }
         let tick = self.ordered_tick()?;
@@ -55,8 +60,11 @@ impl Attempt<'_> {
     /// is done (the run ahead of us succeeded), or (coalescing) a newer tick is queued behind us
     /// — without an ordered tick, any later ticket (arrival order).
     pub(super) fn waiter_answer(&self, counter: &Counter, ticket: u64) -> Option<Error> {
-        if let Err(e) = crate::protocol::agree_permits(self.key, counter.permits, self.opts.permits)
-        {
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::LookIgnoresProtocol) {
+            return None;
+        }
+        if let Err(e) = self.permits_agree(counter) {
             return Some(e);
         }
         #[cfg(test)]

@@ -188,11 +188,11 @@ fn a_sweep_removal_without_its_condition_removes_a_live_entry() {
     );
 }
 
-/// Issue 25: the version ignored by one request. A waiter's look that does not check the
-/// version of the counter it reads is granted, at the bottom of the queue of a key switched to
-/// the next protocol, beside that protocol's holder (`upgrade.rs`).
+/// Issues 25 and 26: the version ignored by one request. A waiter's look that does not check the
+/// version (and permits) of the counter it reads, queued with 2 permits on a key lowered to 1,
+/// is granted beside a holder (`upgrade.rs`).
 #[test]
-fn a_look_that_ignores_the_protocol_is_granted_beside_the_next_protocols_holder() {
+fn a_look_that_ignores_the_protocol_is_granted_beyond_the_keys_permits() {
     let planted = crate::mutant::plant(Some(Mutant::LookIgnoresProtocol));
     let caught = (0..200).find_map(|seed| {
         let run = super::upgrade::run(seed);
