@@ -118,22 +118,24 @@ impl Traces {
     /// `service` (the function name, unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES`
     /// name one). Spawns the sending task: call inside the Tokio runtime.
     pub fn start(endpoint: &str, service: Option<&str>) -> Result<Arc<Traces>, String> {
-        Traces::start_with_queue(endpoint, service, QUEUE)
+        Traces::start_with(endpoint, service, QUEUE, EXPORT_TIMEOUT)
     }
 
-    /// [`Traces::start`] with a queue of `queue` spans (tests fill a small one).
-    pub fn start_with_queue(
+    /// [`Traces::start`] with a queue of `queue` spans and `timeout` for each export request,
+    /// retries included (tests fill a small queue, and keep a blocked receiver's requests
+    /// open).
+    pub fn start_with(
         endpoint: &str,
         service: Option<&str>,
         queue: usize,
+        timeout: Duration,
     ) -> Result<Arc<Traces>, String> {
-        let client =
-            opentelemetry_http::hyper::HyperClient::with_default_connector(EXPORT_TIMEOUT, None);
+        let client = opentelemetry_http::hyper::HyperClient::with_default_connector(timeout, None);
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(endpoint)
-            .with_timeout(EXPORT_TIMEOUT)
+            .with_timeout(timeout)
             .with_http_client(client)
             .build()
             .map_err(|e| format!("cannot build the OTLP exporter for {endpoint}: {e}"))?;

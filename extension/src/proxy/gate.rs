@@ -41,7 +41,7 @@ impl Proxy {
             }
             Outcome::Skipped(body) => {
                 self.answer(id, None, &body).await;
-                slot.mark_done();
+                // The span is queued after the answer, before the invocation counts as done.
                 if let (Some(parent), Some(start)) = (trace, started) {
                     let reason = body["flightlock"]["reason"]
                         .as_str()
@@ -51,6 +51,7 @@ impl Proxy {
                     let inv = self.traced(id, parent, key, event, tenant);
                     self.trace_wait(&inv, start, decided, &WaitEnd::Skipped { reason });
                 }
+                slot.mark_done();
                 None
             }
             Outcome::Failed {
@@ -59,7 +60,6 @@ impl Proxy {
             } => {
                 let body = flightlock::lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
-                slot.mark_done();
                 if let (Some(parent), Some(start)) = (trace, started) {
                     let key = self
                         .config
@@ -71,6 +71,7 @@ impl Proxy {
                     let error_type = error_type.to_owned();
                     self.trace_wait(&inv, start, decided, &WaitEnd::Failed { error_type });
                 }
+                slot.mark_done();
                 None
             }
         }
