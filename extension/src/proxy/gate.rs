@@ -24,17 +24,18 @@ impl Proxy {
         tenant: Option<&str>,
         trace: Option<TraceParent>,
     ) -> Option<Handover> {
-        let started = trace.map(|_| SystemTime::now());
+        // Untraced, nothing more than this check.
+        let started = trace.map(|parent| (parent, SystemTime::now()));
         let outcome = self
             .current_gate()
             .decide(id, deadline, event, tenant)
             .await;
-        let decided = SystemTime::now();
+        let traced = started.map(|(parent, start)| (parent, start, SystemTime::now()));
         match outcome {
             Outcome::Acquired(held) => {
                 let handover = held.handover();
-                if let (Some(parent), Some(start)) = (trace, started) {
-                    self.trace_acquired(slot, &held, id, parent, start, decided);
+                if let Some(traced) = traced {
+                    self.trace_acquired(slot, &held, &handover, id, traced);
                 }
                 slot.hold(held);
                 Some(handover)
@@ -42,7 +43,7 @@ impl Proxy {
             Outcome::Skipped(body) => {
                 self.answer(id, None, &body).await;
                 // The span is queued after the answer, before the invocation counts as done.
-                if let (Some(parent), Some(start)) = (trace, started) {
+                if let Some((parent, start, decided)) = traced {
                     let reason = body["flightlock"]["reason"]
                         .as_str()
                         .unwrap_or("unknown")
@@ -60,7 +61,7 @@ impl Proxy {
             } => {
                 let body = flightlock::lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
-                if let (Some(parent), Some(start)) = (trace, started) {
+                if let Some((parent, start, decided)) = traced {
                     let key = self
                         .config
                         .key
@@ -108,23 +109,23 @@ impl Proxy {
         }
     }
 
-    /// Queues the span of a wait that took the lock, and starts tracing its hold.
+    /// Queues the span of a wait that took the lock (`traced`: the trace, when the decision
+    /// started and when it ended), and starts tracing its hold.
     fn trace_acquired(
         &self,
         slot: &Slot,
         held: &Held,
+        handover: &Handover,
         id: &str,
-        parent: TraceParent,
-        start: SystemTime,
-        decided: SystemTime,
+        (parent, start, decided): (TraceParent, SystemTime, SystemTime),
     ) {
         let inv = spans::Invocation {
             parent,
             request_id: id.to_owned(),
-            key_hash: Some(spans::key_hash(&held.handover().key)),
+            key_hash: Some(spans::key_hash(&handover.key)),
             tick: held.tick().cloned(),
         };
-        let ticket = held.token();
+        let ticket = handover.ticket;
         self.trace_wait(&inv, start, decided, &WaitEnd::Acquired { ticket });
         slot.set_hold_trace(HoldTrace {
             inv,
