@@ -240,7 +240,7 @@ fn start_traces(
             return None;
         }
     };
-    match otel::Traces::start(&endpoint, function) {
+    match otel::Traces::start(&endpoint, otel::service_name(env, function).as_deref()) {
         Ok(t) => {
             tracing::info!(%endpoint, "exporting the lock wait and hold spans of sampled invocations over OTLP");
             Some(t)

@@ -92,6 +92,24 @@ pub fn traces_endpoint(env: &HashMap<String, String>) -> Result<Option<String>, 
     Ok(Some(url))
 }
 
+/// The `service.name` the extension sets: the function's name, unless `OTEL_SERVICE_NAME` or a
+/// `service.name` in `OTEL_RESOURCE_ATTRIBUTES` names the service (then `None`: the SDK's
+/// resource keeps theirs). Pure.
+pub fn service_name(env: &HashMap<String, String>, function: Option<&str>) -> Option<String> {
+    let named = |var: &str| env.get(var).map(|v| v.trim()).filter(|v| !v.is_empty());
+    if named("OTEL_SERVICE_NAME").is_some()
+        || named("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attrs| {
+            attrs.split(',').any(|kv| {
+                kv.split_once('=')
+                    .is_some_and(|(k, _)| k.trim() == "service.name")
+            })
+        })
+    {
+        return None;
+    }
+    function.map(str::to_owned)
+}
+
 /// A hold being traced: what its span needs at the release.
 #[derive(Debug, Clone)]
 pub struct HoldTrace {
@@ -114,9 +132,10 @@ pub struct Traces {
 }
 
 impl Traces {
-    /// Starts exporting to `endpoint` (a full traces URL, see [`traces_endpoint`]) as service
-    /// `service` (the function name, unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES`
-    /// name one). Spawns the sending task: call inside the Tokio runtime.
+    /// Starts exporting to `endpoint` (a full traces URL, see [`traces_endpoint`]). The spans'
+    /// resource is the SDK's (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), with
+    /// `service.name` = `service` if given (see [`service_name`]). Spawns the sending task:
+    /// call inside the Tokio runtime.
     pub fn start(endpoint: &str, service: Option<&str>) -> Result<Arc<Traces>, String> {
         Traces::start_with(endpoint, service, QUEUE, EXPORT_TIMEOUT)
     }
@@ -143,7 +162,6 @@ impl Traces {
         if let Some(name) = service {
             resource = resource.with_service_name(name.to_owned());
         }
-        // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (read by the SDK) win over ours.
         let resource = resource.build();
         exporter.set_resource(&resource);
         let (spans, rx) = mpsc::channel(queue.max(1));
@@ -305,6 +323,27 @@ mod tests {
             ]))
             .unwrap(),
             None
+        );
+    }
+
+    #[test]
+    fn the_function_name_is_the_service_unless_opentelemetry_names_one() {
+        assert_eq!(service_name(&env(&[]), Some("f")).as_deref(), Some("f"));
+        assert_eq!(service_name(&env(&[]), None), None);
+        assert_eq!(
+            service_name(&env(&[("OTEL_SERVICE_NAME", "billing")]), Some("f")),
+            None
+        );
+        assert_eq!(
+            service_name(
+                &env(&[("OTEL_RESOURCE_ATTRIBUTES", "team=a, service.name=billing")]),
+                Some("f")
+            ),
+            None
+        );
+        assert_eq!(
+            service_name(&env(&[("OTEL_RESOURCE_ATTRIBUTES", "team=a")]), Some("f")).as_deref(),
+            Some("f")
         );
     }
 
