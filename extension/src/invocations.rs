@@ -81,6 +81,11 @@ impl Slot {
         self.lock_held().take()
     }
 
+    /// True if the held lock is known lost (a heartbeat found it gone or taken over).
+    pub fn lock_lost(&self) -> bool {
+        self.lock_held().as_ref().is_some_and(Held::is_lost)
+    }
+
     /// Starts tracing the hold (see [`crate::otel`]).
     pub fn set_hold_trace(&self, trace: HoldTrace) {
         *self.hold_trace.lock().unwrap_or_else(|e| e.into_inner()) = Some(trace);

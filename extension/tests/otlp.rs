@@ -3,8 +3,9 @@
 //! behind the proxy's exporter. The spans join the trace of the event's
 //! `Lambda-Runtime-Trace-Id` header, carry the key's hash (never the key), the ticket, the
 //! outcome and, for a scheduled tick, `faas.trigger`/`faas.time`; an unsampled trace exports
-//! nothing; a receiver that does not answer delays no invocation (its spans are dropped and
-//! counted); SHUTDOWN flushes what is queued. Needs DynamoDB Local.
+//! nothing; a failed decision and a lock lost mid-run are error spans; a receiver that does not
+//! answer delays no invocation (its spans are dropped and counted); SHUTDOWN flushes what is
+//! queued. Needs DynamoDB Local.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,6 +15,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use bytes::Bytes;
 use flightlock_extension::otel::{Traces, QUEUE};
 use flightlock_extension::proxy::{Limits, Proxy};
@@ -413,6 +415,59 @@ async fn a_receiver_that_does_not_answer_delays_no_invocation() {
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len() as u64 + dropped, 2 * traced.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_lost_while_the_handler_runs_ends_the_hold_as_lost() {
+    let receiver = Receiver::start().await;
+    let traces = Traces::start_with(&receiver.traces_url(), Some("f"), QUEUE, LIMIT).unwrap();
+    let (table, client) = support::table("otlp-lost").await;
+    let platform = support::standard().await;
+    // A short lease: heartbeats every 100 ms notice the loss soon.
+    let (port, proxy) = support::start_proxy_full(
+        &platform,
+        &table,
+        client.clone(),
+        &[("FLIGHTLOCK_LEASE", "300ms")],
+        "env-1",
+        Limits::default(),
+        Some(traces.clone()),
+    )
+    .await;
+    let id = platform.invoke_traced(serde_json::json!({}), TRACE_1);
+    assert_eq!(
+        get(port, NEXT).await.request_id.as_deref(),
+        Some(id.as_str())
+    );
+    // The row goes behind the holder's back (the key is the function name, `f`).
+    client
+        .delete_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S("f".into()))
+        .key("sk", AttributeValue::S("counter".into()))
+        .send()
+        .await
+        .unwrap();
+    let slot = proxy.invocations().get(&id).unwrap();
+    tokio::time::timeout(LIMIT, async {
+        while !slot.lock_lost() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("a heartbeat noticed the loss");
+    assert!(respond(port, &id, "{}").await.is_success());
+    assert!(traces.flush(LIMIT).await);
+    let spans = receiver.spans();
+    let hold = spans
+        .iter()
+        .find(|s| s.span.name == "flightlock.hold")
+        .unwrap_or_else(|| panic!("no hold span in {spans:#?}"));
+    assert_eq!(hold.attr("flightlock.outcome").as_deref(), Some("lost"));
+    assert_eq!(
+        hold.span.status.as_ref().map(|st| st.code),
+        Some(SpanStatus::Error as i32)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
