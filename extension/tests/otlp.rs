@@ -423,12 +423,12 @@ async fn a_lock_lost_while_the_handler_runs_ends_the_hold_as_lost() {
     let traces = Traces::start_with(&receiver.traces_url(), Some("f"), QUEUE, LIMIT).unwrap();
     let (table, client) = support::table("otlp-lost").await;
     let platform = support::standard().await;
-    // A short lease: heartbeats every 100 ms notice the loss soon.
+    // A short lease: heartbeats (every lease / 3) notice the loss soon.
     let (port, proxy) = support::start_proxy_full(
         &platform,
         &table,
         client.clone(),
-        &[("FLIGHTLOCK_LEASE", "300ms")],
+        &[("FLIGHTLOCK_LEASE", "2s")],
         "env-1",
         Limits::default(),
         Some(traces.clone()),
