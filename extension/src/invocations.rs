@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::otel::HoldTrace;
 use crate::runtime_process::Proc;
 
 /// Finished slots that nobody collected are dropped after this long (bounds memory if an INVOKE
@@ -30,6 +31,8 @@ pub struct Slot {
     done: watch::Sender<bool>,
     held: Mutex<Option<Held>>,
     runtime: Mutex<Option<Proc>>,
+    /// The hold's OTLP span in the making (OTLP export on, sampled trace, lock held).
+    hold_trace: Mutex<Option<HoldTrace>>,
     /// The invocation's tracing span (request id, key, ticket, wait time).
     pub span: Mutex<tracing::Span>,
 }
@@ -42,6 +45,7 @@ impl Slot {
             done: watch::channel(false).0,
             held: Mutex::new(None),
             runtime: Mutex::new(None),
+            hold_trace: Mutex::new(None),
             span: Mutex::new(tracing::Span::none()),
         }
     }
@@ -75,6 +79,24 @@ impl Slot {
     /// Takes the held lock, if any.
     pub fn take_held(&self) -> Option<Held> {
         self.lock_held().take()
+    }
+
+    /// True if the held lock is known lost (a heartbeat found it gone or taken over).
+    pub fn lock_lost(&self) -> bool {
+        self.lock_held().as_ref().is_some_and(Held::is_lost)
+    }
+
+    /// Starts tracing the hold (see [`crate::otel`]).
+    pub fn set_hold_trace(&self, trace: HoldTrace) {
+        *self.hold_trace.lock().unwrap_or_else(|e| e.into_inner()) = Some(trace);
+    }
+
+    /// Takes the hold's trace, if it is traced.
+    pub fn take_hold_trace(&self) -> Option<HoldTrace> {
+        self.hold_trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Records the runtime process that received the event (the root of its process tree).
@@ -169,6 +191,14 @@ impl Invocations {
     /// Takes every held lock (for shutdown).
     pub fn take_all_held(&self) -> Vec<Held> {
         self.lock().values().filter_map(|s| s.take_held()).collect()
+    }
+
+    /// Takes every held lock with its hold's trace, if traced (for shutdown).
+    pub fn take_all_held_traced(&self) -> Vec<(Held, Option<HoldTrace>)> {
+        self.lock()
+            .values()
+            .filter_map(|s| s.take_held().map(|h| (h, s.take_hold_trace())))
+            .collect()
     }
 
     /// Number of slots (for tests).

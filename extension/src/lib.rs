@@ -21,6 +21,7 @@
 //! | `telemetry` | Managed Instances: `platform.start` from the Telemetry API drives the unenforced check |
 //! | `peer` | which runtime process is on the other end of a proxy connection (`/proc/net/tcp` → socket → process → wrapped ancestor) |
 //! | `metrics` | CloudWatch EMF lines |
+//! | `otel` | with an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): spans of the lock wait and the hold in the invocation's trace, sent off the hot path, flushed at SHUTDOWN |
 //! | `body` | streamed bodies, end-of-body notification |
 //! | `build_info` | the version and commit of this build (the init log line names both) |
 //! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
@@ -38,6 +39,7 @@ pub mod invocations;
 pub mod lifecycle;
 pub mod metrics;
 pub mod mode;
+pub mod otel;
 pub mod peer;
 pub mod proxy;
 pub mod runtime_api;

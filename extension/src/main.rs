@@ -15,7 +15,7 @@ use flightlock_extension::invocations::{Invocations, FORGET_AFTER};
 use flightlock_extension::lifecycle;
 use flightlock_extension::mode::{self, Mode};
 use flightlock_extension::proxy::{self, Proxy};
-use flightlock_extension::{build_info, telemetry, wrapper_check};
+use flightlock_extension::{build_info, otel, telemetry, wrapper_check};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -160,18 +160,20 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         Mode::Standard => Invocations::forgetting_after(FORGET_AFTER),
         Mode::ManagedInstances => Invocations::forgetting_after(Duration::from_secs(120)),
     };
-    let proxy = Arc::new(
-        Proxy::new(
-            Gate::new(config.clone(), locker, host_name()),
-            Arc::new(invocations),
-            upstream,
-        )
-        .with_mode(mode)
-        .with_limits(proxy::Limits {
-            max_connections: mode::connection_cap(&env),
-            ..proxy::Limits::default()
-        }),
-    );
+    let mut proxy = Proxy::new(
+        Gate::new(config.clone(), locker, host_name()),
+        Arc::new(invocations),
+        upstream,
+    )
+    .with_mode(mode)
+    .with_limits(proxy::Limits {
+        max_connections: mode::connection_cap(&env),
+        ..proxy::Limits::default()
+    });
+    if let Some(traces) = start_traces(&env, config.function_name.as_deref()) {
+        proxy = proxy.with_traces(traces);
+    }
+    let proxy = Arc::new(proxy);
     tokio::spawn(proxy.clone().serve(listener));
     tracing::info!(
         version = build_info::VERSION,
@@ -219,6 +221,33 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         let event = api.next_event(&id).await?;
         if lifecycle::on_event(proxy.clone(), event).await {
             return Ok(());
+        }
+    }
+}
+
+/// The OTLP export of the wait and hold spans, when an endpoint is configured. An unusable
+/// endpoint is logged as an error naming the variable and the accepted forms, and the function
+/// runs without the spans: the variables belong to the tracing setup (often another layer),
+/// and tracing is no reason to stop gating invocations.
+fn start_traces(
+    env: &HashMap<String, String>,
+    function: Option<&str>,
+) -> Option<Arc<otel::Traces>> {
+    let endpoint = match otel::traces_endpoint(env) {
+        Ok(e) => e?,
+        Err(e) => {
+            tracing::error!(error = %e, "OTLP spans are not exported");
+            return None;
+        }
+    };
+    match otel::Traces::start(&endpoint, otel::service_name(env, function).as_deref()) {
+        Ok(t) => {
+            tracing::info!(%endpoint, "exporting the lock wait and hold spans of sampled invocations over OTLP");
+            Some(t)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "OTLP spans are not exported");
+            None
         }
     }
 }

@@ -52,9 +52,10 @@ use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
 use crate::mode::Mode;
+use crate::otel::Traces;
 use crate::runtime_api::{
     error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
-    TENANT_HEADER,
+    TENANT_HEADER, TRACE_ID_HEADER,
 };
 use crate::runtime_process::{self, Proc};
 
@@ -120,6 +121,9 @@ pub struct Proxy {
     /// The execution mode: on Managed Instances the proxy identifies the runtime process of
     /// each connection and watches the invocations it hands over (there are no INVOKE events).
     mode: Mode,
+    /// The OTLP export of the wait and hold spans ([`crate::otel`]); `None` without an
+    /// endpoint, and then no span is made.
+    traces: Option<Arc<Traces>>,
 }
 
 impl Proxy {
@@ -150,7 +154,14 @@ impl Proxy {
             orphans: std::sync::Mutex::new(VecDeque::new()),
             releasing: tokio::sync::watch::channel(0).0,
             mode: Mode::Standard,
+            traces: None,
         }
+    }
+
+    /// Exports the wait and hold spans of invocations in sampled traces through `traces`.
+    pub fn with_traces(mut self, traces: Arc<Traces>) -> Proxy {
+        self.traces = Some(traces);
+        self
     }
 
     /// Sets the execution mode (default: standard).

@@ -11,6 +11,9 @@ pub const DEADLINE_HEADER: &str = "lambda-runtime-deadline-ms";
 /// isolation"; read as `lambda-runtime-aws-tenant-id` by aws-lambda-rust-runtime and
 /// aws-lambda-cpp).
 pub const TENANT_HEADER: &str = "lambda-runtime-aws-tenant-id";
+/// The invocation's X-Ray trace header (`Root=1-...;Parent=...;Sampled=0|1`), on
+/// `GET .../invocation/next` responses.
+pub const TRACE_ID_HEADER: &str = "lambda-runtime-trace-id";
 /// Error type of an invocation error (on `POST .../error`).
 pub const ERROR_TYPE_HEADER: &str = "lambda-runtime-function-error-type";
 /// The Runtime API version the proxy answers for.

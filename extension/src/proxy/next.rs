@@ -167,8 +167,17 @@ impl Proxy {
                 .get(TENANT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
+            // With OTLP export on: the invocation's trace, for its spans (sampled ones only).
+            let trace = self.traces.as_ref().and_then(|_| {
+                rparts
+                    .headers
+                    .get(TRACE_ID_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(crate::otel::xray::parse)
+                    .filter(|t| t.sampled)
+            });
             if let Some(handover) = self
-                .gate(&id, &slot, deadline, &event, tenant.as_deref())
+                .gate(&id, &slot, deadline, &event, tenant.as_deref(), trace)
                 .instrument(span.clone())
                 .await
             {

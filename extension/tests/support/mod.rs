@@ -64,6 +64,19 @@ pub async fn start_proxy_with(
     host: &str,
     limits: Limits,
 ) -> (u16, Arc<Proxy>) {
+    start_proxy_full(platform, table, client, vars, host, limits, None).await
+}
+
+/// [`start_proxy_with`], exporting spans through `traces` if given.
+pub async fn start_proxy_full(
+    platform: &Platform,
+    table: &str,
+    client: aws_sdk_dynamodb::Client,
+    vars: &[(&str, &str)],
+    host: &str,
+    limits: Limits,
+    traces: Option<Arc<flightlock_extension::otel::Traces>>,
+) -> (u16, Arc<Proxy>) {
     let upstream = platform.addr().to_string();
     let mut env: std::collections::HashMap<String, String> = [
         ("FLIGHTLOCK_TABLE", table),
@@ -84,8 +97,12 @@ pub async fn start_proxy_with(
         Locker::new(client, &config.table),
         host.to_owned(),
     );
-    let proxy =
-        Arc::new(Proxy::new(gate, Arc::new(Invocations::default()), upstream).with_limits(limits));
+    let mut proxy =
+        Proxy::new(gate, Arc::new(Invocations::default()), upstream).with_limits(limits);
+    if let Some(t) = traces {
+        proxy = proxy.with_traces(t);
+    }
+    let proxy = Arc::new(proxy);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(proxy.clone().serve(listener));

@@ -62,6 +62,11 @@ impl Held {
         self.guard.token()
     }
 
+    /// True once the lock is known lost (a heartbeat found it taken over or expired).
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
     /// The invocation's tick, if it has one.
     pub fn tick(&self) -> Option<&Tick> {
         self.tick.as_ref()

@@ -333,7 +333,7 @@ async fn runtime_next(shared: &Shared) -> Resp {
             let event = serde_json::json!({
                 "eventType": "INVOKE", "deadlineMs": inv.deadline_ms, "requestId": inv.id,
                 "invokedFunctionArn": "arn:aws:lambda:us-east-1:000000000000:function:double",
-                "tracing": {"type": "X-Amzn-Trace-Id", "value": "Root=1-0-0"},
+                "tracing": {"type": "X-Amzn-Trace-Id", "value": inv.trace.as_deref().unwrap_or("Root=1-0-0")},
             });
             for e in s
                 .exts
@@ -379,7 +379,10 @@ async fn runtime_next(shared: &Shared) -> Resp {
     );
     h.insert(
         "lambda-runtime-trace-id",
-        HeaderValue::from_static("Root=1-0-0"),
+        inv.trace
+            .as_deref()
+            .and_then(|t| HeaderValue::from_str(t).ok())
+            .unwrap_or(HeaderValue::from_static("Root=1-0-0")),
     );
     h.insert("content-type", HeaderValue::from_static("application/json"));
     if let Some(t) = &shared.options.tenant {

@@ -134,6 +134,8 @@ struct Inv {
     payload: Bytes,
     deadline_ms: u64,
     fault: Option<NextFault>,
+    /// The `Lambda-Runtime-Trace-Id` header (X-Ray format); `None`: a placeholder root.
+    trace: Option<String>,
 }
 
 /// A refusal the double answered, for tests to read.
@@ -270,16 +272,29 @@ impl Platform {
 
     /// Queues an invocation of `payload`; returns its request id.
     pub fn invoke(&self, payload: serde_json::Value) -> String {
-        self.queue(payload, None)
+        self.queue(payload, None, None)
     }
 
     /// Queues an invocation of `payload` whose event reaches the runtime with `fault`; returns
     /// its request id.
     pub fn invoke_with_fault(&self, payload: serde_json::Value, fault: NextFault) -> String {
-        self.queue(payload, Some(fault))
+        self.queue(payload, Some(fault), None)
     }
 
-    fn queue(&self, payload: serde_json::Value, fault: Option<NextFault>) -> String {
+    /// Queues an invocation of `payload` in the X-Ray trace `trace` (the event's
+    /// `Lambda-Runtime-Trace-Id` header, e.g.
+    /// `Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1`); returns
+    /// its request id.
+    pub fn invoke_traced(&self, payload: serde_json::Value, trace: &str) -> String {
+        self.queue(payload, None, Some(trace.to_owned()))
+    }
+
+    fn queue(
+        &self,
+        payload: serde_json::Value,
+        fault: Option<NextFault>,
+        trace: Option<String>,
+    ) -> String {
         let mut s = self.shared.lock();
         s.next_inv += 1;
         let id = format!("req-{}-{}", s.next_inv, now_ms() % 100_000);
@@ -288,6 +303,7 @@ impl Platform {
             payload: Bytes::from(payload.to_string()),
             deadline_ms: 0,
             fault,
+            trace,
         });
         drop(s);
         self.shared.touch();
