@@ -346,7 +346,7 @@ impl Attempt<'_> {
                             return Err(self.busy(live.as_ref()));
                         }
                         let pause = jittered(opts.poll, clock.jitter());
-                        tokio::time::sleep(pause).await;
+                        clock.sleep(pause).await;
                         continue;
                     }
                     let Some(counter) = snap.counter.clone() else {
@@ -479,7 +479,7 @@ impl Attempt<'_> {
                     if gives_up {
                         return Err(self.busy(None));
                     }
-                    tokio::time::sleep(pause).await;
+                    clock.sleep(pause).await;
                     prepared = Some(p);
                 }
                 Err(f) => {

@@ -67,6 +67,7 @@ mod mutations;
 mod named;
 pub(crate) mod net;
 mod pacing;
+mod rates;
 mod scenario;
 #[cfg(test)]
 mod scripted;
@@ -155,7 +156,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     table.scan_lag = plan_scan_lag(seed);
     let trace = Trace::default();
     let fault_phase = ms(&mut rng, 5_000, 30_000);
-    let faults = plan_faults(&mut rng);
+    let faults = rates::weather(&knobs, plan_faults(&mut rng));
     let net = Arc::new(Net {
         table: Mutex::new(table),
         rng: Mutex::new(StdRng::seed_from_u64(rng.random())),
@@ -205,10 +206,20 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
             *s = stalled;
         }
     }
+    let stalled = net.stalled.lock().ok().and_then(|s| s.clone());
+    let _rates = rates::plan(&knobs, &keys, &workers, stalled.as_deref());
     for w in &workers {
         ctx.note(format!(
-            "{} on {} for {} cycles, clock {:+}ms drift {}ppm",
-            w.who, keys[w.key].name, w.cycles, w.offset_ms, w.drift_ppm
+            "{} on {} for {} cycles, clock {:+}ms drift {}ppm{}",
+            w.who,
+            keys[w.key].name,
+            w.cycles,
+            w.offset_ms,
+            w.drift_ppm,
+            match rates::ppm(&w.who) {
+                0 => String::new(),
+                p => format!(", monotonic rate {p:+}ppm"),
+            }
         ));
     }
 

@@ -327,3 +327,37 @@ fn a_conflict_that_gives_up_tells_a_forever_wait_busy() {
         &["forever wait"],
     );
 }
+
+/// Clock-free staleness without its 1/64 margin: in the clock-rate family (`sim::rates`), a
+/// watcher whose clock runs fast passes over the row of a holder whose clock runs slow while
+/// that holder still believes in its lease. With one shared clock nothing could see it.
+#[test]
+fn staleness_without_the_margin_is_caught_when_clocks_run_at_different_rates() {
+    let knobs = Knobs {
+        mutant: Some(Mutant::StaleWithoutMargin),
+        ..super::lease_edge::rate_knobs()
+    };
+    caught_by(
+        "stale without the margin",
+        knobs,
+        super::lease_edge::RATE_SEEDS,
+        &["mutual exclusion", "early removal"],
+    );
+}
+
+/// The assumption the margin rests on, broken: monotonic clocks whose rates differ by more than
+/// 1/64 (up to about 1/20) give two holders with the protocol intact, as wall clocks that agree
+/// less than the allowance does (`trusting_clocks_more_than_they_agree_is_caught`).
+#[test]
+fn clocks_that_run_at_rates_further_apart_than_the_margin_are_caught() {
+    let knobs = Knobs {
+        rates_beyond_bound: true,
+        ..super::lease_edge::rate_knobs()
+    };
+    caught_by(
+        "monotonic rates beyond 1/64",
+        knobs,
+        super::lease_edge::RATE_SEEDS,
+        &["mutual exclusion", "early removal"],
+    );
+}

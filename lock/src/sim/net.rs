@@ -277,6 +277,7 @@ impl Endpoint {
                 _ => None,
             };
             if let (Some(rvn), Ok(mut sent)) = (rvn, net.sent.lock()) {
+                super::rates::wrote(&rvn, &ep.who);
                 sent.entry(rvn).or_insert_with(Instant::now);
             }
             let faults = net.faults.lock().map_or(Faults::CALM, |f| *f);
@@ -291,8 +292,10 @@ impl Endpoint {
                 .stalled
                 .lock()
                 .is_ok_and(|s| s.as_deref() == Some(&*ep.who));
-            if stalled {
-                if matches!(request, Request::Heartbeat(_)) {
+            // The clock-rate family stalls its participant's heartbeats only (`rates.rs`).
+            let (stalled, refuse_beat) = super::rates::stall(stalled, &request, &net.table);
+            if refuse_beat || stalled {
+                if refuse_beat {
                     tokio::time::sleep(go).await;
                     net.fault(&ep.who, started, Instant::now());
                     net.trace.line(format!(
@@ -362,7 +365,8 @@ impl Endpoint {
                     drop(net.apply(&who, &request, started));
                 }
             });
-            let timeout = ep.net.attempt_timeout;
+            // The SDK's attempt timeout is a timer on the caller's machine: its clock's rate.
+            let timeout = super::rates::true_duration(&ep.who, ep.net.attempt_timeout);
             match tokio::time::timeout(timeout, rx).await {
                 Ok(Ok(result)) => {
                     tokio::time::sleep(back).await;
@@ -421,8 +425,9 @@ async fn deliver_in_two_writes(
     }
 }
 
-/// A participant's clock: true time shifted by an offset that may drift and jump, and a
-/// generator of its own (so one participant's randomness does not shift another's).
+/// A participant's clock: true time shifted by an offset that may drift and jump, a monotonic
+/// clock that may run at a rate of its own ([`super::rates`]), and a generator of its own (so one
+/// participant's randomness does not shift another's).
 pub(crate) struct SimClock {
     /// True wall time at the simulation's origin, epoch ms.
     pub epoch_ms: i64,
@@ -431,6 +436,9 @@ pub(crate) struct SimClock {
     pub offset_ms: Mutex<i64>,
     /// Drift in parts per million (positive: runs fast).
     pub drift_ppm: i64,
+    /// The monotonic clock's rate in parts per million off the true rate (0: the runtime's
+    /// clock itself). Its timers run on it too ([`Clock::timer`]).
+    pub rate_ppm: i64,
     pub rng: Mutex<StdRng>,
 }
 
@@ -453,8 +461,16 @@ impl SimClock {
             origin,
             offset_ms: Mutex::new(offset_ms),
             drift_ppm,
+            rate_ppm: 0,
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
         }
+    }
+
+    /// The same clock with its monotonic time running at `rate_ppm` parts per million off the
+    /// true rate.
+    pub(crate) fn with_rate(mut self, rate_ppm: i64) -> SimClock {
+        self.rate_ppm = rate_ppm;
+        self
     }
 
     /// Steps the wall clock by `ms` (an NTP step, a VM resumed, an operator).
@@ -473,7 +489,29 @@ impl Clock for SimClock {
         self.epoch_ms + elapsed + drift + offset
     }
 
+    fn now(&self) -> Instant {
+        let now = Instant::now();
+        if self.rate_ppm == 0 {
+            return now;
+        }
+        let elapsed = now.saturating_duration_since(self.origin).as_nanos();
+        self.origin + nanos(super::rates::local_nanos(elapsed, self.rate_ppm))
+    }
+
+    fn timer(&self, at: Instant) -> Instant {
+        if self.rate_ppm == 0 || at <= self.origin {
+            return at;
+        }
+        let local = at.saturating_duration_since(self.origin).as_nanos();
+        self.origin + nanos(super::rates::true_nanos(local, self.rate_ppm))
+    }
+
     fn random(&self) -> u64 {
         self.rng.lock().map_or(0, |mut r| r.random())
     }
+}
+
+/// A duration of `n` nanoseconds (saturating: far beyond any run).
+fn nanos(n: u128) -> Duration {
+    Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
 }

@@ -44,6 +44,12 @@ pub(crate) struct Knobs {
     /// the time not at all), so its own lease runs out across its requests: its last look, its
     /// enqueue, its tick id's check (see [`plan_edge`]).
     pub lease_edge: bool,
+    /// Each clock-free participant's monotonic clock runs at a rate of its own, within the 1/64
+    /// the protocol assumes (see [`super::rates`]).
+    pub clock_rates: bool,
+    /// A model defect: monotonic clocks' rates differ by more than the 1/64 the protocol assumes
+    /// (up to about 1/20, [`super::rates::BEYOND_PPM`]); the suite must catch it.
+    pub rates_beyond_bound: bool,
 }
 
 /// One key's settings.
