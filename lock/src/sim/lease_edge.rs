@@ -121,17 +121,3 @@ fn clock_rate_schedules_hold_every_guarantee() {
          family no longer reaches the window it covers)"
     );
 }
-
-/// `FLIGHTLOCK_SIM_RATE_SEED=<n>`: a clock-rate schedule, its whole trace.
-#[test]
-fn replay_clock_rates() {
-    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_RATE_SEED") else {
-        return;
-    };
-    let seed: u64 = seed.parse().expect("FLIGHTLOCK_SIM_RATE_SEED is a number");
-    let r = run(seed, rate_knobs());
-    for line in &r.trace {
-        println!("{line}");
-    }
-    println!("violations: {:#?}", r.violations);
-}

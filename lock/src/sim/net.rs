@@ -33,6 +33,9 @@ mod describe;
 pub(crate) use describe::describe;
 use describe::{describe_response, kind};
 
+/// In the lease-edge family, the share of seat takes answered after the taker's lease.
+const SLOW_SEAT: f64 = 0.3;
+
 /// How faulty the network is at the moment.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Faults {
@@ -296,8 +299,9 @@ impl Endpoint {
             let (stalled, refuse_beat) = super::rates::stall(stalled, &request, &net.table);
             if refuse_beat || stalled {
                 if refuse_beat {
+                    // A fault from the start: the checks that run meanwhile know it.
+                    net.fault(&ep.who, started, started + go);
                     tokio::time::sleep(go).await;
-                    net.fault(&ep.who, started, Instant::now());
                     net.trace.line(format!(
                         "{} stalled: refused {}",
                         ep.who,
@@ -306,6 +310,15 @@ impl Endpoint {
                     return Err(retry(operation, "stalled: heartbeat refused", true));
                 }
                 back = net.attempt_timeout.mul_f64(1.0 + net.roll());
+                net.fault(&ep.who, started, started + go + back);
+            }
+            let edge = net.stalled.lock().is_ok_and(|s| s.is_some());
+            if edge && matches!(&request, Request::Enqueue(e) if e.seat) && net.roll() < SLOW_SEAT {
+                // The lease-edge family: a seat taken (by anyone) is answered between one and
+                // one and a half leases (four to six attempt timeouts: the family has one key)
+                // later: past the taker's own lease, and past the takeover of a watcher that
+                // judged the seat dead meanwhile.
+                back = net.attempt_timeout.mul_f64(4.0 + 2.0 * net.roll());
                 net.fault(&ep.who, started, started + go + back);
             }
             if go > faults.delay || back > faults.delay {
