@@ -312,7 +312,7 @@ impl Endpoint {
                 back = net.attempt_timeout.mul_f64(1.0 + net.roll());
                 net.fault(&ep.who, started, started + go + back);
             }
-            let edge = net.stalled.lock().is_ok_and(|s| s.is_some());
+            let edge = net.stalled.lock().is_ok_and(|s| s.is_some()) && !super::rates::family();
             if edge && matches!(&request, Request::Enqueue(e) if e.seat) && net.roll() < SLOW_SEAT {
                 // The lease-edge family: a seat taken (by anyone) is answered between one and
                 // one and a half leases (four to six attempt timeouts: the family has one key)

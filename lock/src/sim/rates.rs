@@ -144,6 +144,11 @@ pub(super) fn stall(stalled: bool, request: &Request, table: &Mutex<Table>) -> (
     })
 }
 
+/// Whether this run is of the clock-rate family (its stall is [`stall`]'s).
+pub(super) fn family() -> bool {
+    RENEWED.with(|r| r.borrow().is_some())
+}
+
 /// Whether a row with a ticket above `ticket` is queued on `key`.
 fn queued_behind(table: &Mutex<Table>, key: &str, ticket: u64) -> bool {
     table.lock().is_ok_and(|t| {
