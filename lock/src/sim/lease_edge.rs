@@ -1,6 +1,8 @@
 //! The lease-edge family's test: a stalled participant's own lease runs out across its requests
 //! (`Knobs::lease_edge`, `scenario::plan_edge`), so the guards that keep such an entry from being
 //! granted decide, and a defect in one of them breaks mutual exclusion within CI's schedules.
+//! Beside it, the clock-rate family (`sim::rates`): the same stall, clock-free, with monotonic
+//! clocks at rates of their own, where the 1/64 margin of clock-free staleness decides.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -66,7 +68,10 @@ fn lease_edge_schedules_hold_every_guarantee() {
 }
 
 /// Clock-rate schedules CI runs (`Knobs::clock_rates`), for every `SEEDS` of the main family.
-pub(super) const RATE_SEEDS: u64 = 300;
+pub(super) const RATE_SEEDS: u64 = 150;
+
+/// How many clock-rate schedules a mutation may survive (each test stops at its first catch).
+pub(super) const RATE_MUTATION_SEEDS: u64 = 300;
 
 /// The clock-rate family: the lease-edge family, every key clock-free, each participant's
 /// monotonic clock at a rate of its own within the 1/64 the protocol assumes (see

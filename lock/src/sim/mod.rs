@@ -40,14 +40,17 @@
 //!    faster than its pacing allows. The coverage table also counts how often each safety guard
 //!    of the acquisition fired ([`crate::mutant::fired`]).
 //!
-//! **Families**: the main one (`Knobs::default()`), all clock-free, and the lease-edge family
-//! (`Knobs::lease_edge`: a stalled participant whose own lease runs out across its requests).
+//! **Families**: the main one (`Knobs::default()`), all clock-free, the lease-edge family
+//! (`Knobs::lease_edge`: a stalled participant whose own lease runs out across its requests, and
+//! seat takes answered after the taker's lease), and the clock-rate family (`Knobs::clock_rates`:
+//! monotonic clocks that run at rates of their own, [`rates`]).
 //!
 //! **Layout**: [`scenario`] is what a schedule is made of and how a seed generates it;
 //! [`actors`] runs it (the contenders, the real sweeper, TTL, the operator); [`monitor`] holds
 //! the checker's view and the checks at grants, at work and at the end of a run, [`watch`] the
 //! checks that run on a timer, [`availability`] the availability checks; [`net`] and [`model`]
-//! are the network and the table; [`trace`] records events. This file wires one run together.
+//! are the network and the table; [`rates`] the participants' monotonic rates; [`trace`] records
+//! events. This file wires one run together.
 //!
 //! **Replaying a seed**: `FLIGHTLOCK_SIM_SEED=<seed> cargo test -p flightlock --lib
 //! sim::tests::replay -- --nocapture` prints the whole trace.

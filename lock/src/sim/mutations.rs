@@ -215,8 +215,8 @@ fn edge(m: Mutant) -> Knobs {
 
 /// The guard in `locker/wait.rs`: a look that comes back clear after our own lease ran out
 /// must not grant. The main family reaches the window rarely (seed 7,972 of the long run);
-/// the lease-edge family CI runs reaches it at schedule 38 (and six more of its 300), and the
-/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+/// the lease-edge family CI runs reaches it at schedule 9 (6 of its 300), and the scripted
+/// schedule (`scripted_lease.rs`) drives it exactly.
 #[test]
 fn a_grant_on_a_look_that_outlasted_our_own_lease_gives_two_holders() {
     caught_by(
@@ -303,8 +303,9 @@ fn a_lease_counted_from_the_answer_is_caught() {
 }
 
 /// The guard in `locker/mod.rs`: an enqueue (a seat taken) whose answer came back after our own
-/// lease ran out must not grant. The lease-edge family reaches it within its 300 schedules; the
-/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+/// lease ran out must not grant. The lease-edge family answers a third of its seat takes after
+/// the taker's lease and reaches it at schedule 0 (30 of its 300); the scripted schedule
+/// (`scripted_lease.rs`) drives it exactly.
 #[test]
 fn a_seat_taken_past_our_own_lease_gives_two_holders() {
     caught_by(
@@ -340,7 +341,7 @@ fn staleness_without_the_margin_is_caught_when_clocks_run_at_different_rates() {
     caught_by(
         "stale without the margin",
         knobs,
-        super::lease_edge::RATE_SEEDS,
+        super::lease_edge::RATE_MUTATION_SEEDS,
         &["mutual exclusion", "early removal"],
     );
 }
@@ -357,7 +358,7 @@ fn clocks_that_run_at_rates_further_apart_than_the_margin_are_caught() {
     caught_by(
         "monotonic rates beyond 1/64",
         knobs,
-        super::lease_edge::RATE_SEEDS,
+        super::lease_edge::RATE_MUTATION_SEEDS,
         &["mutual exclusion", "early removal"],
     );
 }

@@ -89,7 +89,8 @@ pub(crate) struct Net {
     /// Per participant, every request it sent and when its answer reached it (the pacing check).
     pub log: Mutex<std::collections::HashMap<String, Vec<Sent>>>,
     /// The lease-edge family's stalled participant, while the faults last
-    /// ([`super::scenario::plan_edge`]).
+    /// ([`super::scenario::plan_edge`]); while it is set, a share of seat takes ([`SLOW_SEAT`])
+    /// are answered after the taker's lease (not in the clock-rate family).
     pub stalled: Mutex<Option<String>>,
 }
 

@@ -24,11 +24,18 @@
 //! 1/20 apart) and the suite must catch it: the assumption is shown to matter.
 //!
 //! **Who runs at which rate.** Per participant (a restarted process keeps its machine's rate),
-//! drawn from a generator of its own (the rest of the plan does not move). In the lease-edge
-//! family, the stalled participant (the one whose lease runs out while others watch it) draws
-//! from the slow half and everyone else from the fast half: the pairing the margin is for. Keys
-//! in bounded mode keep the true rate (their staleness reads wall clocks, whose agreement is the
-//! allowance's business).
+//! drawn from a generator of its own (the rest of the plan does not move). With a stalled
+//! participant (the lease-edge family's, the one whose lease runs out while others watch it), it
+//! draws from the slowest quarter of the spread and everyone else from the fastest: the pairing
+//! the margin is for. Keys in bounded mode keep the true rate (PROTOCOL.md, "What remains
+//! assumed").
+//!
+//! **The clock-rate family** (`lease_edge::rate_knobs`: the lease-edge family, every key
+//! clock-free, rates on) narrows the lease-edge stall ([`stall`]): the stalled participant's
+//! renewals land until one is sent while someone is queued behind it, and are refused after;
+//! it holds each grant through several leases ([`holds_long`]); the network's delays are at most
+//! a few milliseconds ([`weather`]). So a watcher sees the holder's last version almost as it is
+//! written, and the window the margin covers (about a hundredth of a lease) is reached.
 //!
 //! The table of rates is kept for the thread that runs the schedule (as [`crate::mutant`]'s
 //! switch is), set by [`plan`] and dropped with the guard it returns, so the network and the

@@ -42,7 +42,8 @@ pub(crate) struct Knobs {
     /// The lease-edge family: one key, small allowances and polls, and during the fault phase
     /// one stalled participant whose heartbeats are refused and whose answers come late (half
     /// the time not at all), so its own lease runs out across its requests: its last look, its
-    /// enqueue, its tick id's check (see [`plan_edge`]).
+    /// enqueue, its tick id's check (see [`plan_edge`]). A share of everyone's seat takes are
+    /// answered after the taker's lease (`net.rs`, `SLOW_SEAT`).
     pub lease_edge: bool,
     /// Each clock-free participant's monotonic clock runs at a rate of its own, within the 1/64
     /// the protocol assumes (see [`super::rates`]).
