@@ -17,7 +17,8 @@
 //! 1. Mutual exclusion: when a participant is granted a key, no other participant still believes
 //!    it holds that key (its lost signal has not fired), and a holder doing work while it
 //!    believes it holds finds no other believer. Participants' wall clocks agree within the
-//!    allowance in bounded mode; in clock-free mode they are hours apart, drift and jump.
+//!    allowance in bounded mode; in clock-free mode they are hours apart, drift and jump (and in
+//!    the clock-rate family their monotonic clocks run at rates up to 1/80 apart, [`rates`]).
 //! 2. Fencing: tokens granted on a key strictly increase (an operator who deletes a counter while
 //!    the queue is empty resets them: documented, not a violation).
 //! 3. FIFO and self-cleaning safety: no queue row is removed by a waiter, the sweeper or TTL less
