@@ -7,6 +7,9 @@
 //!   paused and advanced.
 //!
 //! The clock is a seam: tests inject a [`SkewedClock`] to play a machine whose wall clock is off.
+//! Every timer the protocol sets (pauses, deadlines, the lease's end) goes through
+//! [`Clock::sleep_until`] and [`Clock::sleep`], so a clock whose monotonic time runs at a rate of
+//! its own (the simulation's) times its sleeps by that same time.
 //!
 //! **Chance comes from the OS on every draw.** One Lambda SnapStart snapshot is restored into
 //! many environments, and a `fork()` copies a process: anything a userspace generator holds is
@@ -34,6 +37,19 @@ pub trait Clock: Send + Sync + Debug + 'static {
     /// Monotonic time.
     fn now(&self) -> Instant {
         Instant::now()
+    }
+    /// The runtime's instant at which this clock's monotonic time reads `at`: timers are set on
+    /// the runtime's clock. The identity for a clock whose monotonic time is the runtime's.
+    fn timer(&self, at: Instant) -> Instant {
+        at
+    }
+    /// Sleeps until this clock's monotonic time reads `deadline`.
+    fn sleep_until(&self, deadline: Instant) -> tokio::time::Sleep {
+        tokio::time::sleep_until(self.timer(deadline))
+    }
+    /// Sleeps for `d` of this clock's monotonic time.
+    fn sleep(&self, d: Duration) -> tokio::time::Sleep {
+        self.sleep_until(self.now() + d)
     }
     /// A random number (jitter, owner ids, record versions), fresh from the OS: see the module
     /// docs for why no userspace generator is kept.

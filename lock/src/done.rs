@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::error::Error;
 use crate::heartbeat::{Membership, RELEASE_RETRY};
 use crate::retry::Policy;
@@ -58,7 +56,7 @@ where
     Fut: std::future::Future<Output = Result<T, Failure>>,
 {
     const POLICY: Policy = RELEASE_RETRY;
-    let give_up = Instant::now() + Duration::from_secs(5);
+    let give_up = clock.now() + Duration::from_secs(5);
     let mut attempt = 0;
     loop {
         match send().await {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::clock::Clock;
 use crate::error::Error;
 use crate::heartbeat::{current, LostReason, Membership, RowState};
 use crate::memory::{Hint, Memory};
@@ -109,7 +110,7 @@ impl LockGuard {
 
     /// A signal that can be awaited from another task.
     pub fn lost_signal(&self) -> LostSignal {
-        LostSignal(self.m().subscribe())
+        LostSignal(self.m().subscribe(), self.m().clock.clone())
     }
 
     /// Resolves when the lock is lost (never, if it is released first).
@@ -160,7 +161,7 @@ impl LockGuard {
             owner: m.owner.to_string(),
             permits: m.permits(),
         };
-        let held = tokio::time::Instant::now().saturating_duration_since(self.granted_at);
+        let held = m.clock.now().saturating_duration_since(self.granted_at);
         let hint_ticket = m.ticket;
         let result = m.leave_done(done).await;
         // A confirmed release of a granted row is the hint: rows below `ticket` were gone when we
@@ -199,22 +200,23 @@ impl Drop for LockGuard {
 
 /// Awaitable lost signal of a [`LockGuard`]; clone it into other tasks.
 #[derive(Debug, Clone)]
-pub struct LostSignal(watch::Receiver<RowState>);
+pub struct LostSignal(watch::Receiver<RowState>, Arc<dyn Clock>);
 
 impl LostSignal {
     /// The reason, if the lock is lost already.
     pub fn reason(&self) -> Option<LostReason> {
-        match current(&self.0.borrow()) {
+        match current(&self.0.borrow(), self.1.now()) {
             RowState::Lost(r) => Some(r),
             RowState::Live(_) => None,
         }
     }
 
-    /// Until when the holder believes in its lease (`None` once lost).
+    /// Until when the holder believes in its lease, as the runtime's instant (its own clock
+    /// may run at a rate of its own), `None` once lost.
     #[cfg(test)]
     pub(crate) fn valid_until(&self) -> Option<tokio::time::Instant> {
-        match current(&self.0.borrow()) {
-            RowState::Live(until) => Some(until),
+        match current(&self.0.borrow(), self.1.now()) {
+            RowState::Live(until) => Some(self.1.timer(until)),
             RowState::Lost(_) => None,
         }
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
@@ -65,12 +65,10 @@ pub(crate) enum RowState {
     Lost(LostReason),
 }
 
-/// A published state, with a passed deadline read as lost.
-pub(crate) fn current(state: &RowState) -> RowState {
+/// A published state, with a passed deadline read as lost (`now` on the holder's clock).
+pub(crate) fn current(state: &RowState, now: Instant) -> RowState {
     match *state {
-        RowState::Live(until) if Instant::now() >= until => {
-            RowState::Lost(LostReason::LeaseExpired)
-        }
+        RowState::Live(until) if now >= until => RowState::Lost(LostReason::LeaseExpired),
         s => s,
     }
 }
@@ -210,7 +208,7 @@ impl Membership {
     /// The row's state. A lease whose deadline has passed counts as lost even before the
     /// heartbeat task has run to publish it (it may be delayed on a loaded machine).
     pub(crate) fn state(&self) -> RowState {
-        current(&self.state.borrow())
+        current(&self.state.borrow(), self.clock.now())
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<RowState> {
@@ -299,7 +297,7 @@ pub(crate) async fn delete_with_retry(
     mut done: Option<i64>,
     speaks: Speaks,
 ) -> Result<Owned, Error> {
-    let give_up = Instant::now() + Duration::from_secs(5);
+    let give_up = clock.now() + Duration::from_secs(5);
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
@@ -357,14 +355,14 @@ impl Heartbeat {
         // (`leaseUntilMs <= :until`) passes even if our wall clock stepped back, while an older
         // heartbeat that lands late fails it instead of rolling the lease back.
         let mut last_until = first_lease_until_ms;
-        let mut next = Instant::now() + self.interval();
+        let mut next = self.clock.now() + self.interval();
         let mut failures: u32 = 0;
         loop {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return,
-                _ = sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
-                _ = sleep_until(next) => {}
+                _ = self.clock.sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
+                _ = self.clock.sleep_until(next) => {}
             }
             let sent = self.clock.now();
             let wall = self.clock.wall_ms();
@@ -402,7 +400,7 @@ impl Heartbeat {
             let result = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return,
-                _ = sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
+                _ = self.clock.sleep_until(valid_until) => return self.lost(LostReason::LeaseExpired),
                 r = self.store.heartbeat(&beat) => r,
             };
             let failure = match result {
@@ -452,7 +450,7 @@ impl Heartbeat {
                 self.timing.interval / 2,
                 self.clock.jitter(),
             );
-            next = Instant::now() + pause;
+            next = self.clock.now() + pause;
         }
     }
 

@@ -133,7 +133,12 @@ impl Observer {
                 if crate::mutant::on(crate::mutant::Mutant::StaleWithoutMargin) {
                     margin = Duration::ZERO;
                 }
-                if now.duration_since(first_seen) >= lease + margin {
+                let watched = now.duration_since(first_seen);
+                #[cfg(test)]
+                if watched >= lease && watched < lease + margin {
+                    crate::mutant::fired(crate::mutant::GUARD_MARGIN);
+                }
+                if watched >= lease + margin {
                     Verdict::Stale
                 } else {
                     Verdict::Live

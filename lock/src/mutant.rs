@@ -156,3 +156,6 @@ pub(crate) const GUARD_LOOK: &str = "guard: own lease ran out across the last lo
 pub(crate) const GUARD_ENQUEUE: &str = "guard: own lease ran out during the enqueue";
 /// The guard in `locker/mod.rs`: a tick id check that outlasted the lease does not grant.
 pub(crate) const GUARD_TICK_ID: &str = "guard: own lease ran out during the tick id check";
+/// The margin in `liveness.rs`: a clock-free row watched for its lease but not yet for its lease
+/// and 1/64 is still live.
+pub(crate) const GUARD_MARGIN: &str = "guard: clock-free margin kept a row a lease old live";

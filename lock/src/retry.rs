@@ -49,7 +49,7 @@ impl Policy {
             return false;
         }
         tracing::debug!(operation, throttled, attempt, error = %source, "retrying");
-        tokio::time::sleep(pause).await;
+        clock.sleep(pause).await;
         true
     }
 }

@@ -410,7 +410,7 @@ impl Attempt<'_> {
                             return Err(self.busy(&live));
                         }
                         let pause = jittered(opts.poll, clock.jitter());
-                        tokio::time::sleep(pause).await;
+                        clock.sleep(pause).await;
                         continue;
                     }
                     let Some(counter) = snap.counter.clone() else {
@@ -557,7 +557,7 @@ impl Attempt<'_> {
                     if gives_up {
                         return Err(self.busy(&[]));
                     }
-                    tokio::time::sleep(pause).await;
+                    clock.sleep(pause).await;
                     prepared = Some(p);
                 }
                 Err(f) => {

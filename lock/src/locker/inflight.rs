@@ -50,7 +50,7 @@ impl InFlight {
             async move {
                 for pass in 0..2 {
                     if pass == 1 {
-                        tokio::time::sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
+                        clock.sleep(ATTEMPT_TIMEOUT + Duration::from_millis(500)).await;
                     }
                     for &(t, seat) in &tickets {
                         if let Err(e) = delete_with_retry(&store, &*clock, &key, (t, seat), &owner, None, speaks).await {

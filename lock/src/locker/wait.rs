@@ -317,7 +317,7 @@ impl Attempt<'_> {
                 biased;
                 _ = lost.wait_for(|s| matches!(s, RowState::Lost(_))) => {}
                 _ = &mut woken => {}
-                _ = tokio::time::sleep(pause) => {}
+                _ = self.locker.clock.sleep(pause) => {}
             }
         }
     }

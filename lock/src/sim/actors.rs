@@ -60,13 +60,16 @@ async fn process(
     first: u32,
 ) -> Option<u32> {
     let mut rng = StdRng::seed_from_u64(plan.seed);
-    let clock = Arc::new(SimClock::new(
-        EPOCH_MS,
-        origin,
-        plan.offset_ms,
-        plan.drift_ppm,
-        rng.random(),
-    ));
+    let clock = Arc::new(
+        SimClock::new(
+            EPOCH_MS,
+            origin,
+            plan.offset_ms,
+            plan.drift_ppm,
+            rng.random(),
+        )
+        .with_rate(super::rates::ppm(&plan.who)),
+    );
     let dead = Arc::new(AtomicBool::new(false));
     let endpoint = Endpoint {
         net: ctx.net.clone(),
@@ -174,7 +177,9 @@ async fn process(
             Err(Error::Busy { .. }) => {
                 ctx.note(format!("{who} busy after {elapsed:?}"));
                 ctx.with(|m| m.busy += 1);
-                if let Some(bound) = wait_bound(opts.wait, &opts, ctx.attempt_timeout) {
+                if let Some(bound) = wait_bound(opts.wait, &opts, ctx.attempt_timeout)
+                    .map(|b| super::rates::true_duration(&who, b))
+                {
                     if elapsed > bound {
                         ctx.violation(format!(
                             "bounded wait: {who} waited {elapsed:?} with wait {:?} (bound {bound:?})",
@@ -231,7 +236,7 @@ async fn process(
         let mut steps = rng.random_range(0..=6);
         // A quarter of the holds outlast several leases (up to five more): a healthy holder
         // must keep its lock through them.
-        if holds.random_bool(0.25) {
+        if holds.random_bool(0.25) || super::rates::holds_long(&who) {
             steps += holds.random_range(10..=25);
         }
         let held_from = Instant::now();

@@ -19,12 +19,17 @@
 //! - **Progress under contention** ([`gap_bound`]): after faults stop, a key with a forever
 //!   waiter is never without a holder for longer than a dead entry's staleness plus two looks,
 //!   counted from the last crash or cancellation on the key.
+//!
+//! A participant's clock may run at a rate of its own (`rates.rs`): every bound made of what it
+//! times itself (its wait, its watch of a row, its lease, its heartbeat interval, its pace) is
+//! that many units of its own clock, in true time; the progress bound, of the slowest clock's.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::monitor::Ctx;
+use super::rates;
 use super::scenario::KeyPlan;
 use crate::options::{ClockSkew, Wait};
 
@@ -68,14 +73,14 @@ pub(super) fn deadline(key: &KeyPlan, wait: Wait) -> Option<Duration> {
     }
 }
 
-/// When every entry of `key` last written at `last` (landed) is stale to the caller that
+/// When every entry of `key` last written at `last` (landed) is stale to `who`, whose call
 /// started at `started`: bounded mode, a lease and twice the allowance after the write (the
 /// writer's and the reader's wall clocks differ by up to the allowance); clock-free, a watched
-/// lease after the caller can first have seen it.
-pub(super) fn ready(key: &KeyPlan, last: Instant, started: Instant) -> Instant {
+/// lease (of its own clock) after the caller can first have seen it.
+pub(super) fn ready(key: &KeyPlan, who: &str, last: Instant, started: Instant) -> Instant {
     let lease = key.opts.lease;
     if key.opts.clock_free() {
-        last.max(started) + watched(lease)
+        last.max(started) + rates::true_duration(who, watched(lease))
     } else {
         last + lease + allowance(key) * 2
     }
@@ -100,6 +105,9 @@ pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
     let Some(deadline) = deadline(call.key, call.wait) else {
         return;
     };
+    // The caller times its wait on its own clock.
+    let on_its_clock = |d: Duration| rates::true_duration(call.who, d);
+    let deadline = on_its_clock(deadline);
     let name = &call.key.name;
     let operator = ctx
         .with(|m| {
@@ -160,13 +168,16 @@ pub(super) fn check_call(ctx: &Ctx, call: &Call<'_>) {
         ));
         return;
     };
-    let ready = ready(call.key, last, call.started);
+    let ready = ready(call.key, call.who, last, call.started);
     let opts = &call.key.opts;
     let owed = match call.wait {
-        Wait::NoWait if opts.clock_free() => last + watched(opts.lease) < call.started,
+        Wait::NoWait if opts.clock_free() => {
+            last + on_its_clock(watched(opts.lease)) < call.started
+        }
         Wait::NoWait => ready <= call.started,
         Wait::For(d) => {
-            ready + opts.max_poll.mul_f64(1.1) + ctx.attempt_timeout <= call.started + d
+            ready + on_its_clock(opts.max_poll.mul_f64(1.1)) + ctx.attempt_timeout
+                <= call.started + on_its_clock(d)
         }
         Wait::Forever => false,
     };
@@ -221,7 +232,7 @@ pub(super) fn check_holders(ctx: &Ctx) {
                 continue;
             }
             if let Some(at) = removed {
-                let bound = h.interval + ctx.attempt_timeout + TICK;
+                let bound = rates::true_duration(&h.who, h.interval + ctx.attempt_timeout) + TICK;
                 if now > at + bound {
                     h.lost_at = Some(now); // reported once
                     found.push((
@@ -242,6 +253,7 @@ pub(super) fn check_holders(ctx: &Ctx) {
             None => {
                 // Lost: a fault on its requests within the lease before, or an operator.
                 ctx.with(|m| m.applied("loss judged"));
+                let lease = rates::true_duration(&who, lease);
                 if exempt || ctx.net.faulted(&who, now - lease - TICK, now) {
                     continue;
                 }
@@ -280,5 +292,7 @@ fn rewritten(ctx: &Ctx, key: &str, owner: &str, at: Instant) -> bool {
 /// writes landing (two attempt timeouts), two looks and their requests.
 pub(super) fn gap_bound(key: &KeyPlan, attempt: Duration) -> Duration {
     let opts = &key.opts;
-    watched(opts.lease) + allowance(key) * 2 + opts.max_poll.mul_f64(2.2) + attempt * 4 + TICK * 4
+    rates::on_slowest(
+        watched(opts.lease) + allowance(key) * 2 + opts.max_poll.mul_f64(2.2) + attempt * 4,
+    ) + TICK * 4
 }

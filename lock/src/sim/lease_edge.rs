@@ -1,6 +1,8 @@
 //! The lease-edge family's test: a stalled participant's own lease runs out across its requests
 //! (`Knobs::lease_edge`, `scenario::plan_edge`), so the guards that keep such an entry from being
 //! granted decide, and a defect in one of them breaks mutual exclusion within CI's schedules.
+//! Beside it, the clock-rate family (`sim::rates`): the same stall, clock-free, with monotonic
+//! clocks at rates of their own, where the 1/64 margin of clock-free staleness decides.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -63,4 +65,64 @@ fn lease_edge_schedules_hold_every_guarantee() {
              no longer reaches the window they guard)"
         );
     }
+}
+
+/// Clock-rate schedules CI runs (`Knobs::clock_rates`), for every `SEEDS` of the main family.
+pub(super) const RATE_SEEDS: u64 = 150;
+
+/// How many clock-rate schedules a mutation may survive (each test stops at its first catch).
+pub(super) const RATE_MUTATION_SEEDS: u64 = 300;
+
+/// The clock-rate family: the lease-edge family, every key clock-free, each participant's
+/// monotonic clock at a rate of its own within the 1/64 the protocol assumes (see
+/// `sim::rates`): the stalled participant's slow, everyone else's fast, its renewals refused
+/// once one landed while others watched it. Every guarantee holds, and the margin of clock-free
+/// staleness decides (a row a lease old on the watcher's clock, not yet a lease and 1/64).
+pub(super) fn rate_knobs() -> Knobs {
+    Knobs {
+        lease_edge: true,
+        all_clock_free: true,
+        clock_rates: true,
+        ..Knobs::default()
+    }
+}
+
+#[test]
+fn clock_rate_schedules_hold_every_guarantee() {
+    let first = env_u64("FLIGHTLOCK_SIM_FIRST_SEED", 0);
+    let count = env_u64("FLIGHTLOCK_SIM_SEEDS", SEEDS) * RATE_SEEDS / SEEDS;
+    let started = StdInstant::now();
+    let mut coverage = Coverage::default();
+    let mut failures = Vec::new();
+    for seed in first..first + count {
+        let r = run(seed, rate_knobs());
+        coverage.add(&r);
+        if !r.violations.is_empty() {
+            failures.push(explain_as(
+                &r,
+                "FLIGHTLOCK_SIM_RATE_SEED",
+                "replay_clock_rates",
+            ));
+            if failures.len() >= 3 {
+                break;
+            }
+        }
+    }
+    let (table, _) = coverage.table(&[], &[crate::mutant::GUARD_MARGIN]);
+    eprintln!(
+        "clock-rate simulation: {count} schedules (seeds {first}..{}) in {:.1} s\n{table}",
+        first + count,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let margin = coverage
+        .checked
+        .get(crate::mutant::GUARD_MARGIN)
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        count < RATE_SEEDS || margin > 0,
+        "the margin of clock-free staleness never decided in {count} clock-rate schedules (the \
+         family no longer reaches the window it covers)"
+    );
 }

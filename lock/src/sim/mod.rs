@@ -17,7 +17,8 @@
 //! 1. Mutual exclusion: when a participant is granted a key, no other participant still believes
 //!    it holds that key (its lost signal has not fired), and a holder doing work while it
 //!    believes it holds finds no other believer. Participants' wall clocks agree within the
-//!    allowance in bounded mode; in clock-free mode they are hours apart, drift and jump.
+//!    allowance in bounded mode; in clock-free mode they are hours apart, drift and jump (and in
+//!    the clock-rate family their monotonic clocks run at rates up to 1/80 apart, [`rates`]).
 //! 2. Fencing: tokens granted on a key strictly increase (an operator who deletes a counter while
 //!    the queue is empty resets them: documented, not a violation).
 //! 3. FIFO and self-cleaning safety: no queue row is removed by a waiter, the sweeper or TTL less
@@ -40,14 +41,17 @@
 //!    faster than its pacing allows. The coverage table also counts how often each safety guard
 //!    of the acquisition fired ([`crate::mutant::fired`]).
 //!
-//! **Families**: the main one (`Knobs::default()`), all clock-free, and the lease-edge family
-//! (`Knobs::lease_edge`: a stalled participant whose own lease runs out across its requests).
+//! **Families**: the main one (`Knobs::default()`), all clock-free, the lease-edge family
+//! (`Knobs::lease_edge`: a stalled participant whose own lease runs out across its requests, and
+//! seat takes answered after the taker's lease), and the clock-rate family (`Knobs::clock_rates`:
+//! monotonic clocks that run at rates of their own, [`rates`]).
 //!
 //! **Layout**: [`scenario`] is what a schedule is made of and how a seed generates it;
 //! [`actors`] runs it (the contenders, the real sweeper, TTL, the operator); [`monitor`] holds
 //! the checker's view and the checks at grants, at work and at the end of a run, [`watch`] the
 //! checks that run on a timer, [`availability`] the availability checks; [`net`] and [`model`]
-//! are the network and the table; [`trace`] records events. This file wires one run together.
+//! are the network and the table; [`rates`] the participants' monotonic rates; [`trace`] records
+//! events. This file wires one run together.
 //!
 //! **Replaying a seed**: `FLIGHTLOCK_SIM_SEED=<seed> cargo test -p flightlock --lib
 //! sim::tests::replay -- --nocapture` prints the whole trace.
@@ -69,6 +73,7 @@ mod mutations;
 mod named;
 pub(crate) mod net;
 mod pacing;
+mod rates;
 mod scenario;
 #[cfg(test)]
 mod scripted;
@@ -160,7 +165,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     table.scan_lag = plan_scan_lag(seed);
     let trace = Trace::default();
     let fault_phase = ms(&mut rng, 5_000, 30_000);
-    let faults = plan_faults(&mut rng);
+    let faults = rates::weather(&knobs, plan_faults(&mut rng));
     let net = Arc::new(Net {
         table: Mutex::new(table),
         rng: Mutex::new(StdRng::seed_from_u64(rng.random())),
@@ -210,10 +215,20 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
             *s = stalled;
         }
     }
+    let stalled = net.stalled.lock().ok().and_then(|s| s.clone());
+    let _rates = rates::plan(&knobs, &keys, &workers, stalled.as_deref());
     for w in &workers {
         ctx.note(format!(
-            "{} on {} for {} cycles, clock {:+}ms drift {}ppm",
-            w.who, keys[w.key].name, w.cycles, w.offset_ms, w.drift_ppm
+            "{} on {} for {} cycles, clock {:+}ms drift {}ppm{}",
+            w.who,
+            keys[w.key].name,
+            w.cycles,
+            w.offset_ms,
+            w.drift_ppm,
+            match rates::ppm(&w.who) {
+                0 => String::new(),
+                p => format!(", monotonic rate {p:+}ppm"),
+            }
         ));
     }
 

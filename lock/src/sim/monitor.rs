@@ -325,6 +325,8 @@ pub(super) fn check_nothing_live_below(ctx: &Ctx, who: &str, key: &str, token: u
     for row in snap.rows.iter().filter(|r| r.ticket < token) {
         if let Some(age) = ctx.age(&row.rvn, now) {
             let lease = Duration::from_millis(u64::try_from(row.lease_ms).unwrap_or(0));
+            // Its writer believes in it for a lease of its own clock (`rates.rs`).
+            let lease = super::rates::writers_lease(&row.rvn, lease);
             if age < lease {
                 live.push(format!(
                     "t{} sent {age:?} ago (lease {lease:?})",
@@ -378,11 +380,13 @@ pub(super) fn check_removals(ctx: &Ctx, removals: Vec<Removal>) {
         let Some(age) = ctx.age(&r.rvn, r.at) else {
             continue;
         };
-        if age < r.lease {
+        // Its owner believes in it for a lease of its own clock (`rates.rs`).
+        let lease = super::rates::writers_lease(&r.rvn, r.lease);
+        if age < lease {
             ctx.violation(format!(
                 "early removal: {} t{} removed by {:?} {age:?} after its version was sent \
-                 (lease {:?}): its owner may still believe in it",
-                r.key, r.ticket, r.by, r.lease
+                 (lease {lease:?} of its owner's clock): its owner may still believe in it",
+                r.key, r.ticket, r.by
             ));
         }
     }

@@ -215,8 +215,8 @@ fn edge(m: Mutant) -> Knobs {
 
 /// The guard in `locker/wait.rs`: a look that comes back clear after our own lease ran out
 /// must not grant. The main family reaches the window rarely (seed 7,972 of the long run);
-/// the lease-edge family CI runs reaches it at schedule 38 (and six more of its 300), and the
-/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+/// the lease-edge family CI runs reaches it at schedule 9 (6 of its 300), and the scripted
+/// schedule (`scripted_lease.rs`) drives it exactly.
 #[test]
 fn a_grant_on_a_look_that_outlasted_our_own_lease_gives_two_holders() {
     caught_by(
@@ -303,8 +303,9 @@ fn a_lease_counted_from_the_answer_is_caught() {
 }
 
 /// The guard in `locker/mod.rs`: an enqueue (a seat taken) whose answer came back after our own
-/// lease ran out must not grant. The lease-edge family reaches it within its 300 schedules; the
-/// scripted schedule (`scripted_lease.rs`) drives it exactly.
+/// lease ran out must not grant. The lease-edge family answers a third of its seat takes after
+/// the taker's lease and reaches it at schedule 0 (30 of its 300); the scripted schedule
+/// (`scripted_lease.rs`) drives it exactly.
 #[test]
 fn a_seat_taken_past_our_own_lease_gives_two_holders() {
     caught_by(
@@ -325,5 +326,39 @@ fn a_conflict_that_gives_up_tells_a_forever_wait_busy() {
         mutant(Mutant::ConflictGivesUp),
         1000,
         &["forever wait"],
+    );
+}
+
+/// Clock-free staleness without its 1/64 margin: in the clock-rate family (`sim::rates`), a
+/// watcher whose clock runs fast passes over the row of a holder whose clock runs slow while
+/// that holder still believes in its lease. With one shared clock nothing could see it.
+#[test]
+fn staleness_without_the_margin_is_caught_when_clocks_run_at_different_rates() {
+    let knobs = Knobs {
+        mutant: Some(Mutant::StaleWithoutMargin),
+        ..super::lease_edge::rate_knobs()
+    };
+    caught_by(
+        "stale without the margin",
+        knobs,
+        super::lease_edge::RATE_MUTATION_SEEDS,
+        &["mutual exclusion", "early removal"],
+    );
+}
+
+/// The assumption the margin rests on, broken: monotonic clocks whose rates differ by more than
+/// 1/64 (up to about 1/20) give two holders with the protocol intact, as wall clocks that agree
+/// less than the allowance does (`trusting_clocks_more_than_they_agree_is_caught`).
+#[test]
+fn clocks_that_run_at_rates_further_apart_than_the_margin_are_caught() {
+    let knobs = Knobs {
+        rates_beyond_bound: true,
+        ..super::lease_edge::rate_knobs()
+    };
+    caught_by(
+        "monotonic rates beyond 1/64",
+        knobs,
+        super::lease_edge::RATE_MUTATION_SEEDS,
+        &["mutual exclusion", "early removal"],
     );
 }

@@ -19,19 +19,23 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use tokio::time::Instant;
 
 use super::model::{Mutation, Table};
 use super::pacing::{Answered, Sending, Sent};
 use super::trace::Trace;
-use crate::clock::Clock;
 use crate::storage::{Enqueue, Failure, Request, Response, Storage};
 
+mod clock;
 mod describe;
 
+pub(crate) use clock::SimClock;
 pub(crate) use describe::describe;
 use describe::{describe_response, kind};
+
+/// In the lease-edge family, the share of seat takes answered after the taker's lease.
+const SLOW_SEAT: f64 = 0.3;
 
 /// How faulty the network is at the moment.
 #[derive(Debug, Clone, Copy)]
@@ -86,7 +90,8 @@ pub(crate) struct Net {
     /// Per participant, every request it sent and when its answer reached it (the pacing check).
     pub log: Mutex<std::collections::HashMap<String, Vec<Sent>>>,
     /// The lease-edge family's stalled participant, while the faults last
-    /// ([`super::scenario::plan_edge`]).
+    /// ([`super::scenario::plan_edge`]); while it is set, a share of seat takes ([`SLOW_SEAT`])
+    /// are answered after the taker's lease (not in the clock-rate family).
     pub stalled: Mutex<Option<String>>,
 }
 
@@ -277,6 +282,7 @@ impl Endpoint {
                 _ => None,
             };
             if let (Some(rvn), Ok(mut sent)) = (rvn, net.sent.lock()) {
+                super::rates::wrote(&rvn, &ep.who);
                 sent.entry(rvn).or_insert_with(Instant::now);
             }
             let faults = net.faults.lock().map_or(Faults::CALM, |f| *f);
@@ -291,10 +297,13 @@ impl Endpoint {
                 .stalled
                 .lock()
                 .is_ok_and(|s| s.as_deref() == Some(&*ep.who));
-            if stalled {
-                if matches!(request, Request::Heartbeat(_)) {
+            // The clock-rate family stalls its participant's heartbeats only (`rates.rs`).
+            let (stalled, refuse_beat) = super::rates::stall(stalled, &request, &net.table);
+            if refuse_beat || stalled {
+                if refuse_beat {
+                    // A fault from the start: the checks that run meanwhile know it.
+                    net.fault(&ep.who, started, started + go);
                     tokio::time::sleep(go).await;
-                    net.fault(&ep.who, started, Instant::now());
                     net.trace.line(format!(
                         "{} stalled: refused {}",
                         ep.who,
@@ -303,6 +312,15 @@ impl Endpoint {
                     return Err(retry(operation, "stalled: heartbeat refused", true));
                 }
                 back = net.attempt_timeout.mul_f64(1.0 + net.roll());
+                net.fault(&ep.who, started, started + go + back);
+            }
+            let edge = net.stalled.lock().is_ok_and(|s| s.is_some()) && !super::rates::family();
+            if edge && matches!(&request, Request::Enqueue(e) if e.seat) && net.roll() < SLOW_SEAT {
+                // The lease-edge family: a seat taken (by anyone) is answered between one and
+                // one and a half leases (four to six attempt timeouts: the family has one key)
+                // later: past the taker's own lease, and past the takeover of a watcher that
+                // judged the seat dead meanwhile.
+                back = net.attempt_timeout.mul_f64(4.0 + 2.0 * net.roll());
                 net.fault(&ep.who, started, started + go + back);
             }
             if go > faults.delay || back > faults.delay {
@@ -362,7 +380,8 @@ impl Endpoint {
                     drop(net.apply(&who, &request, started));
                 }
             });
-            let timeout = ep.net.attempt_timeout;
+            // The SDK's attempt timeout is a timer on the caller's machine: its clock's rate.
+            let timeout = super::rates::true_duration(&ep.who, ep.net.attempt_timeout);
             match tokio::time::timeout(timeout, rx).await {
                 Ok(Ok(result)) => {
                     tokio::time::sleep(back).await;
@@ -418,62 +437,5 @@ async fn deliver_in_two_writes(
                 .line(format!("{who} two-write enqueue of ticket {}", r.ticket));
             Ok(Response::Enqueue(Enqueue::Done))
         }
-    }
-}
-
-/// A participant's clock: true time shifted by an offset that may drift and jump, and a
-/// generator of its own (so one participant's randomness does not shift another's).
-pub(crate) struct SimClock {
-    /// True wall time at the simulation's origin, epoch ms.
-    pub epoch_ms: i64,
-    pub origin: Instant,
-    /// Current offset from the true time, ms.
-    pub offset_ms: Mutex<i64>,
-    /// Drift in parts per million (positive: runs fast).
-    pub drift_ppm: i64,
-    pub rng: Mutex<StdRng>,
-}
-
-impl fmt::Debug for SimClock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SimClock(offset {:?})", self.offset_ms.lock().ok())
-    }
-}
-
-impl SimClock {
-    pub(crate) fn new(
-        epoch_ms: i64,
-        origin: Instant,
-        offset_ms: i64,
-        drift_ppm: i64,
-        seed: u64,
-    ) -> SimClock {
-        SimClock {
-            epoch_ms,
-            origin,
-            offset_ms: Mutex::new(offset_ms),
-            drift_ppm,
-            rng: Mutex::new(StdRng::seed_from_u64(seed)),
-        }
-    }
-
-    /// Steps the wall clock by `ms` (an NTP step, a VM resumed, an operator).
-    pub(crate) fn jump(&self, ms: i64) {
-        if let Ok(mut o) = self.offset_ms.lock() {
-            *o += ms;
-        }
-    }
-}
-
-impl Clock for SimClock {
-    fn wall_ms(&self) -> i64 {
-        let elapsed = crate::clock::millis(Instant::now().saturating_duration_since(self.origin));
-        let drift = elapsed.saturating_mul(self.drift_ppm) / 1_000_000;
-        let offset = self.offset_ms.lock().map_or(0, |o| *o);
-        self.epoch_ms + elapsed + drift + offset
-    }
-
-    fn random(&self) -> u64 {
-        self.rng.lock().map_or(0, |mut r| r.random())
     }
 }

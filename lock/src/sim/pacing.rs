@@ -15,6 +15,9 @@
 //! - **Retries** (`retry.rs`, the enqueue's conflict): a request that failed is sent again no
 //!   sooner than [`RETRY_FLOOR`] after the failure came back: the shortest first backoff is the
 //!   enqueue conflict's, 5 % of 2 × 10 ms.
+//!
+//! Each pause is timed on the participant's own clock, which may run at a rate of its own
+//! (`rates.rs`): a floor is checked as that many units of its clock, in true time.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,6 +26,7 @@ use tokio::time::Instant;
 
 use super::monitor::Ctx;
 use super::net::describe;
+use super::rates;
 use super::scenario::KeyPlan;
 use crate::liveness::MIN_POLL;
 use crate::storage::Request;
@@ -65,7 +69,7 @@ pub(super) const BEATS: &str = "no hot loop: heartbeats";
 pub(super) const RETRIES: &str = "no hot loop: retries";
 
 fn looks(who: &str, sent: &[Sent], count: &mut u64, found: &mut Vec<String>) {
-    let floor = MIN_POLL.mul_f64(0.9);
+    let floor = rates::true_duration(who, MIN_POLL.mul_f64(0.9));
     let mut last: HashMap<(&str, u64), &Sent> = HashMap::new();
     let mut fast: HashMap<(&str, u64), Vec<Duration>> = HashMap::new();
     for s in sent {
@@ -77,7 +81,7 @@ fn looks(who: &str, sent: &[Sent], count: &mut u64, found: &mut Vec<String>) {
             *count += 1;
             let gap = s.sent.saturating_duration_since(at);
             let min = if how == Answered::Failed {
-                RETRY_FLOOR
+                rates::true_duration(who, RETRY_FLOOR)
             } else {
                 floor
             };
@@ -124,6 +128,7 @@ fn beats(
                         Duration::from_millis(100).min(interval / 2).mul_f64(0.05),
                     ),
                 };
+                let min = rates::true_duration(who, min);
                 let gap = s.sent.saturating_duration_since(from);
                 if gap + ROUNDING < min {
                     found.push(format!(
@@ -154,7 +159,7 @@ fn retries(who: &str, sent: &[Sent], count: &mut u64, found: &mut Vec<String>) {
         };
         *count += 1;
         let gap = again.sent.saturating_duration_since(at);
-        if gap < RETRY_FLOOR {
+        if gap < rates::true_duration(who, RETRY_FLOOR) {
             found.push(format!(
                 "hot loop: {who} sent {} again {gap:?} after it failed; a retry waits at least \
                  {RETRY_FLOOR:?}",

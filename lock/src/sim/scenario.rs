@@ -42,7 +42,8 @@ pub(crate) struct Knobs {
     /// The lease-edge family: one key, small allowances and polls, and during the fault phase
     /// one stalled participant whose heartbeats are refused and whose answers come late (half
     /// the time not at all), so its own lease runs out across its requests: its last look, its
-    /// enqueue, its tick id's check (see [`plan_edge`]).
+    /// enqueue, its tick id's check (see [`plan_edge`]). A share of everyone's seat takes are
+    /// answered after the taker's lease (`net.rs`, `SLOW_SEAT`).
     pub lease_edge: bool,
     /// The permits family: each key draws its permits, 1 to 4 (from a generator of its own, so
     /// the rest of the plan is the main family's), and the checks hold it to "at most N".
@@ -50,6 +51,12 @@ pub(crate) struct Knobs {
     /// With `permits`: every key has 2 to 4 (the mutation tests of the permits family, so each
     /// defect is shown on a key of more than one permit).
     pub many_permits: bool,
+    /// Each clock-free participant's monotonic clock runs at a rate of its own, within the 1/64
+    /// the protocol assumes (see [`super::rates`]).
+    pub clock_rates: bool,
+    /// A model defect: monotonic clocks' rates differ by more than the 1/64 the protocol assumes
+    /// (up to about 1/20, [`super::rates::BEYOND_PPM`]); the suite must catch it.
+    pub rates_beyond_bound: bool,
 }
 
 /// Mixed into a run's seed for the keys' permits (the permits family).

@@ -503,3 +503,18 @@ fn replay_lease_edge() {
     }
     println!("violations: {:#?}", r.violations);
 }
+
+/// `FLIGHTLOCK_SIM_RATE_SEED=<n>`: a clock-rate schedule (`lease_edge::rate_knobs`), its whole
+/// trace.
+#[test]
+fn replay_clock_rates() {
+    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_RATE_SEED") else {
+        return;
+    };
+    let seed: u64 = seed.parse().expect("FLIGHTLOCK_SIM_RATE_SEED is a number");
+    let r = run(seed, super::lease_edge::rate_knobs());
+    for line in &r.trace {
+        println!("{line}");
+    }
+    println!("violations: {:#?}", r.violations);
+}

@@ -112,12 +112,16 @@ pub(super) async fn lease_watch(ctx: Ctx, stop: tokio_util::sync::CancellationTo
                 .ok()
                 .and_then(|s| s.get(&row.rvn).copied());
             if let Some(sent) = sent {
-                if sent + lease < until {
+                // The holder times its lease on its own clock, which may run slow: one lease of
+                // its clock after the version was sent (`rates.rs`).
+                let promised = sent + super::rates::true_duration(&who, lease);
+                if promised < until {
                     ctx.violation(format!(
                         "lease: {who} believes in {key} t{token} until {:?} from now, but the \
-                         stored version promises only {:?}",
+                         stored version promises only {:?} (a lease of its clock, rate {:+}ppm)",
                         until.saturating_duration_since(Instant::now()),
-                        (sent + lease).saturating_duration_since(Instant::now())
+                        promised.saturating_duration_since(Instant::now()),
+                        super::rates::ppm(&who)
                     ));
                     return;
                 }
