@@ -303,7 +303,10 @@ pub(crate) async fn delete_with_retry(
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
-        let failure = match store.delete_owned(key, ticket, seat, owner, done, speaks).await {
+        let failure = match store
+            .delete_owned(key, ticket, seat, owner, done, speaks)
+            .await
+        {
             Ok(Owned::No) if ambiguous => return Ok(Owned::Yes),
             Ok(Owned::NotMarked) => {
                 tracing::warn!(key, ticket, tick = ?done, "a newer tick is marked done already; releasing without marking ours");

@@ -93,7 +93,7 @@ pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
 pub use holder::HolderInfo;
 pub use locker::Locker;
-pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
+pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait, MAX_PERMITS};
 pub use protocol::PROTOCOL;
 pub use status::{EntryState, QueueEntry};
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};

@@ -141,7 +141,6 @@ pub(crate) const NAME: &str = "#proto";
 /// The placeholder of [`PROTOCOL`] in [`CONDITION`].
 pub(crate) const VALUE: &str = ":speaks";
 
-
 /// The protocol a counter item says its key runs: its `protocol` attribute, 1 when absent. A
 /// value that is not a whole number is read as newer than anything (fail closed).
 pub(crate) fn of(item: &Item) -> u32 {
@@ -190,7 +189,6 @@ pub(crate) fn agree_permits(key: &str, table: u32, configured: u32) -> Result<()
         })
     }
 }
-
 
 #[cfg(test)]
 mod tests {

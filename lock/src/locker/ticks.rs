@@ -55,8 +55,7 @@ impl Attempt<'_> {
     /// is done (the run ahead of us succeeded), or (coalescing) a newer tick is queued behind us
     /// — without an ordered tick, any later ticket (arrival order).
     pub(super) fn waiter_answer(&self, counter: &Counter, ticket: u64) -> Option<Error> {
-        if let Err(e) =
-            crate::protocol::agree_permits(self.key, counter.permits, self.opts.permits)
+        if let Err(e) = crate::protocol::agree_permits(self.key, counter.permits, self.opts.permits)
         {
             return Some(e);
         }

@@ -35,8 +35,8 @@ use std::fmt;
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::future::BoxFuture;
 
-pub(crate) use crate::protocol::Speaks;
 use crate::error::{BoxError, Error};
+pub(crate) use crate::protocol::Speaks;
 use crate::schema::{Counter, COUNTER_SK, PK, SK};
 
 /// A DynamoDB item: attribute name to value.

@@ -74,10 +74,7 @@ impl Dynamo {
                     .expression_attribute_names(crate::protocol::NAME, schema::PROTOCOL_ATTR)
                     .expression_attribute_values(":owner", s(owner))
                     .expression_attribute_values(":cutoff", n(cutoff))
-                    .expression_attribute_values(
-                        crate::protocol::VALUE,
-                        n(Speaks::Any.protocol()),
-                    ),
+                    .expression_attribute_values(crate::protocol::VALUE, n(Speaks::Any.protocol())),
             };
             delete
                 .send()
