@@ -27,13 +27,16 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 
+use crate::clock::SystemClock;
 use crate::error::Error;
 use crate::options::MAX_PERMITS;
+use crate::retry::Policy;
 use crate::schema::{
     self, last_owner, queue_sk, validate_key, Snapshot, COUNTER_SK, LAST, LAST_OWNER, OWNER,
     PERMITS_ATTR, PK, PROTOCOL_ATTR, SK,
 };
 use crate::status::QueueEntry;
+use crate::storage::{Dynamo, Failure};
 use crate::ClockSkew;
 
 /// How a [`set_permits`] ended.
@@ -122,7 +125,12 @@ pub async fn read(
     skew: ClockSkew,
 ) -> Result<KeyState, Error> {
     validate_key(key)?;
-    let snap = query(client, table, key).await?;
+    let dynamo = Dynamo::new(client.clone(), table);
+    read_on(&dynamo, key, skew).await
+}
+
+async fn read_on(dynamo: &Dynamo, key: &str, skew: ClockSkew) -> Result<KeyState, Error> {
+    let snap = retrying(|| query(dynamo, key)).await?;
     let highest_ticket = snap
         .rows
         .iter()
@@ -164,6 +172,8 @@ pub async fn set_permits(
     if !(1..=MAX_PERMITS).contains(&permits) {
         return Err(PermitsError::OutOfRange(permits));
     }
+    validate_key(key)?;
+    let dynamo = Dynamo::new(client.clone(), table);
     let started = tokio::time::Instant::now();
     let done = |change| PermitsChange {
         key: key.to_owned(),
@@ -171,19 +181,19 @@ pub async fn set_permits(
         change,
     };
     loop {
-        let state = read(client, table, key, ClockSkew::Unbounded).await?;
+        let state = read_on(&dynamo, key, ClockSkew::Unbounded).await?;
         if state.has_counter && state.permits == permits {
             return Ok(done(Change::Unchanged));
         }
         if !state.has_counter {
             let last = state.highest_ticket;
-            if create_counter(client, table, key, last, permits).await? {
+            if retrying(|| create_counter(&dynamo, key, last, permits)).await? {
                 return Ok(done(Change::Created { last }));
             }
             // Someone created it meanwhile: read again.
             continue;
         }
-        match update_counter(client, table, key, permits).await? {
+        match retrying(|| update_counter(&dynamo, key, permits)).await? {
             Updated::Yes => {
                 return Ok(done(Change::Changed {
                     from: state.permits,
@@ -211,21 +221,48 @@ pub async fn set_permits(
     }
 }
 
-fn dynamo(operation: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Dynamo {
-        operation,
-        source: Box::new(e),
+/// How the requests here are retried: throttling, 5xx answers and lost connections, for at most
+/// [`RETRY_FOR`]; what a user must fix (no credentials, a refused endpoint, a missing table,
+/// access denied) is answered at once, named as the lock names it ([`Dynamo::classify`]).
+const RETRY: Policy = Policy {
+    base: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+    attempts: u32::MAX,
+};
+const RETRY_FOR: Duration = Duration::from_secs(10);
+
+async fn retrying<T, F, Fut>(mut request: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Failure>>,
+{
+    let deadline = tokio::time::Instant::now() + RETRY_FOR;
+    let mut attempt = 0;
+    loop {
+        match request().await {
+            Ok(v) => return Ok(v),
+            Err(failure) => {
+                if !RETRY
+                    .pause(&failure, attempt, Some(deadline), &SystemClock)
+                    .await
+                {
+                    return Err(failure.into_error());
+                }
+                attempt += 1;
+            }
+        }
     }
 }
 
 /// One strongly consistent `Query` of the key's counter and queue rows (every page).
-async fn query(client: &Client, table: &str, key: &str) -> Result<Snapshot, Error> {
+async fn query(dynamo: &Dynamo, key: &str) -> Result<Snapshot, Failure> {
     let mut items = Vec::new();
     let mut start = None;
     loop {
-        let out = client
+        let out = dynamo
+            .client()
             .query()
-            .table_name(table)
+            .table_name(dynamo.table())
             .key_condition_expression("#pk = :pk AND #sk BETWEEN :lo AND :hi")
             .expression_attribute_names("#pk", PK)
             .expression_attribute_names("#sk", SK)
@@ -236,11 +273,11 @@ async fn query(client: &Client, table: &str, key: &str) -> Result<Snapshot, Erro
             .set_exclusive_start_key(start)
             .send()
             .await
-            .map_err(|e| dynamo("Query", aws_sdk_dynamodb::Error::from(e)))?;
+            .map_err(|e| dynamo.classify("Query", e))?;
         items.extend(out.items.unwrap_or_default());
         start = out.last_evaluated_key.filter(|k| !k.is_empty());
         if start.is_none() {
-            return Snapshot::from_items(key, &items);
+            return Snapshot::from_items(key, &items).map_err(Failure::Fatal);
         }
     }
 }
@@ -263,12 +300,11 @@ fn protocol_of(permits: u32) -> u32 {
 
 /// Puts the counter if there is none: whether it was put.
 async fn create_counter(
-    client: &Client,
-    table: &str,
+    dynamo: &Dynamo,
     key: &str,
     last: u64,
     permits: u32,
-) -> Result<bool, Error> {
+) -> Result<bool, Failure> {
     let id = crate::clock::new_id(&crate::clock::SystemClock);
     let mut item = counter_key(key);
     item.insert(LAST.into(), AttributeValue::N(last.to_string()));
@@ -280,9 +316,10 @@ async fn create_counter(
     if permits > 1 {
         item.insert(PERMITS_ATTR.into(), AttributeValue::N(permits.to_string()));
     }
-    let result = client
+    let result = dynamo
+        .client()
         .put_item()
-        .table_name(table)
+        .table_name(dynamo.table())
         .set_item(Some(item))
         .condition_expression("attribute_not_exists(#pk)")
         .expression_attribute_names("#pk", PK)
@@ -296,7 +333,7 @@ async fn create_counter(
         {
             Ok(false)
         }
-        Err(e) => Err(dynamo("PutItem", aws_sdk_dynamodb::Error::from(e))),
+        Err(e) => Err(dynamo.classify("PutItem", e)),
     }
 }
 
@@ -307,12 +344,7 @@ enum Updated {
 }
 
 /// The conditioned `UpdateItem` of the counter.
-async fn update_counter(
-    client: &Client,
-    table: &str,
-    key: &str,
-    permits: u32,
-) -> Result<Updated, Error> {
+async fn update_counter(dynamo: &Dynamo, key: &str, permits: u32) -> Result<Updated, Failure> {
     let names = HashMap::from([
         ("#pk".to_owned(), PK.to_owned()),
         ("#owner".to_owned(), OWNER.to_owned()),
@@ -338,9 +370,10 @@ async fn update_counter(
     } else {
         "SET #proto = :to REMOVE #permits"
     };
-    let result = client
+    let result = dynamo
+        .client()
         .update_item()
-        .table_name(table)
+        .table_name(dynamo.table())
         .set_key(Some(counter_key(key)))
         .update_expression(update)
         .condition_expression(format!(
@@ -354,19 +387,20 @@ async fn update_counter(
         .await;
     match result {
         Ok(_) => Ok(Updated::Yes),
-        Err(e) => match e.into_service_error() {
-            UpdateItemError::ConditionalCheckFailedException(refused) => {
-                let Some(old) = refused.item else {
-                    return Ok(Updated::Retry); // no counter any more
-                };
-                // A newer protocol, or a counter this build cannot decode: its error.
-                schema::Counter::from_item(key, &old)?;
-                match schema::QueueRow::entry(key, &old)? {
-                    Some(seat) => Ok(Updated::SeatTaken(seat.ticket)),
-                    None => Ok(Updated::Retry),
-                }
+        Err(e) => {
+            let refused = match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(refused)) => refused,
+                _ => return Err(dynamo.classify("UpdateItem", e)),
+            };
+            let Some(old) = &refused.item else {
+                return Ok(Updated::Retry); // no counter any more
+            };
+            // A newer protocol, or a counter this build cannot decode: its error.
+            schema::Counter::from_item(key, old).map_err(Failure::Fatal)?;
+            match schema::QueueRow::entry(key, old).map_err(Failure::Fatal)? {
+                Some(seat) => Ok(Updated::SeatTaken(seat.ticket)),
+                None => Ok(Updated::Retry),
             }
-            other => Err(dynamo("UpdateItem", aws_sdk_dynamodb::Error::from(other))),
-        },
+        }
     }
 }
