@@ -82,6 +82,29 @@ async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
         "{stderr}"
     );
 
+    // Once per tick promises one run at a time: refused with more permits, before any request.
+    let out = output(cli(
+        &e,
+        &[
+            "run",
+            "--key",
+            "api",
+            "--permits",
+            "2",
+            "--once",
+            "2026-11-24T10:00Z",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("permits"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // The environment variable and the option alike.
     let mut c = cli(
         &e,
