@@ -40,6 +40,7 @@
 //! | `table` | creating and checking the table |
 //! | `tick` | once per tick: [`Tick`], the watermark and the per-id record, the crash window |
 //! | `done` | marking a tick done at [`LockGuard::release_done`]; the id check once the key is held |
+//! | `permits` | changing a key's permits ([`LockOptions::permits`]) behind `flightlock permits`, and the read behind `flightlock status` |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
 //! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`), `key` (key templates), `tick` (an invocation's tick: `FLIGHTLOCK_TICK`, stale ticks), `gate` (one decision per invocation: key, tick, acquire within the deadline, skip / error, release marking the tick done after a success), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
 //!
@@ -76,6 +77,7 @@ mod memory;
 #[cfg(test)]
 mod mutant;
 pub mod options;
+pub mod permits;
 pub mod protocol;
 mod retry;
 pub mod schema;
@@ -93,7 +95,7 @@ pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
 pub use heartbeat::LostReason;
 pub use holder::HolderInfo;
 pub use locker::Locker;
-pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
+pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait, MAX_PERMITS};
 pub use protocol::PROTOCOL;
 pub use status::{EntryState, QueueEntry};
 pub use sweep::{SweepOptions, SweepSummary, Sweeper};

@@ -61,6 +61,7 @@ mod tests {
             key: "k".to_owned(),
             waited_ms: 0,
             tick: None,
+            permits: 1,
         }
     }
 

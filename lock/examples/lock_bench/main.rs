@@ -11,11 +11,13 @@
 //!
 //! Layout: `main.rs` the sections in order, `common.rs` options and the report's rows,
 //! `contention.rs` the contended loop, `plain.rs` the plain conditional-put lock compared against,
-//! `tick.rs` once per tick (scheduled runs) on the uncontended path.
+//! `tick.rs` once per tick (scheduled runs) on the uncontended path, `permits.rs` N at a time
+//! (`LockOptions::permits`): uncontended, fewer holders than permits, 16 workers on N = 4 and 1.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
 mod contention;
+mod permits;
 mod plain;
 mod tick;
 
@@ -252,6 +254,16 @@ async fn main() {
             .collect();
         println!("      ({})", detail.join(", "));
     }
+
+    // 3b. N at a time: a key of 4 permits alone, with 2 workers, and 16 workers on N = 4 vs 1.
+    permits::section(
+        &mut report,
+        &proxy,
+        &table,
+        args.cycles,
+        args.contended_secs,
+    )
+    .await;
 
     // 4. Scale: 100 waiters on one key (10 processes of 10 tasks), each once through a 20 ms
     //    critical section. The requests on the key per second and per handoff must stay bounded.

@@ -18,6 +18,11 @@ pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
 /// [`crate::PROTOCOL`]): the invocation fails whatever `FLIGHTLOCK_ON_BUSY` says, so Lambda's
 /// retries apply once every participant is upgraded. Never a skip.
 pub const PROTOCOL_ERROR_TYPE: &str = "FlightlockProtocolTooNew";
+/// `errorType` when the key allows a different number of holders at a time than this layer's
+/// `FLIGHTLOCK_PERMITS` ([`crate::Error::PermitsMismatch`]): the invocation fails whatever
+/// `FLIGHTLOCK_ON_BUSY` says, so Lambda's retries apply once the function (or the key) is
+/// reconfigured. Never a skip.
+pub const PERMITS_ERROR_TYPE: &str = "FlightlockPermitsMismatch";
 /// `errorType` when the extension could not read an event from the Runtime API: the invocation
 /// is failed rather than handed to the runtime unlocked or incomplete.
 pub const EVENT_ERROR_TYPE: &str = "FlightlockEventError";
@@ -146,9 +151,27 @@ mod tests {
         assert_eq!(
             b,
             serde_json::json!({"flightlock": {
-                "skipped": true, "reason": "busy", "key": "k", "tick": null, "heldBy": null
+                "skipped": true, "reason": "busy", "key": "k", "tick": null, "heldBy": null,
+                "holders": []
             }})
         );
+        // Every holder of a key of more than one permit, in ticket order; heldBy is the first.
+        let held = |ticket: u64, request: &str| HeldBy {
+            ticket,
+            owner: format!("o{ticket}"),
+            info: crate::HolderInfo {
+                function: Some("f".into()),
+                request_id: Some(request.into()),
+                host: None,
+            },
+        };
+        let b = skipped_body(SkipReason::Busy, "k", None, &[held(3, "r3"), held(5, "r5")]);
+        let f = &b["flightlock"];
+        assert_eq!(f["heldBy"]["ticket"], 3);
+        assert_eq!(f["holders"][0], f["heldBy"]);
+        assert_eq!(f["holders"][1]["ticket"], 5);
+        assert_eq!(f["holders"][1]["requestId"], "r5");
+        assert_eq!(f["holders"].as_array().map(Vec::len), Some(2));
         for (reason, word) in [
             (SkipReason::Duplicate, "duplicate"),
             (SkipReason::Stale, "stale"),

@@ -13,6 +13,7 @@
 //! | entry | value |
 //! |---|---|
 //! | [`TICKET`] `flightlockTicket` | the fencing token, decimal |
+//! | [`PERMITS`] `flightlockPermits` | the key's permits (how many hold it at a time), only when more than 1: the ticket then identifies this hold, it is not a fence |
 //! | [`WAITED_MS`] `flightlockWaitedMs` | time spent acquiring, whole ms |
 //! | [`TICK`] `flightlockTick` | the invocation's tick (RFC 3339 or an id), only when it has one |
 //! | [`KEY`] `flightlockKey` | the lock key |
@@ -49,6 +50,9 @@ pub const KEY: &str = "flightlockKey";
 pub const WAITED_MS: &str = "flightlockWaitedMs";
 /// The invocation's tick, when it has one.
 pub const TICK: &str = "flightlockTick";
+/// The key's permits (decimal), only when more than 1: the ticket then identifies this hold
+/// among up to that many overlapping ones, and is not a fence against them.
+pub const PERMITS: &str = "flightlockPermits";
 
 /// The Invoke API's limit on `ClientContext`: bytes of base64.
 pub const INVOKE_CLIENT_CONTEXT_MAX: usize = 3583;
@@ -66,15 +70,18 @@ pub struct Handover {
     pub waited_ms: u64,
     /// The tick, when the invocation has one.
     pub tick: Option<String>,
+    /// The key's permits ([`crate::LockOptions::permits`]): an entry only when more than 1.
+    pub permits: u32,
 }
 
 impl Handover {
     /// The entries, most important first (the order in which they are kept when space is short).
     pub fn entries(&self) -> Vec<(&'static str, String)> {
-        let mut entries = vec![
-            (TICKET, self.ticket.to_string()),
-            (WAITED_MS, self.waited_ms.to_string()),
-        ];
+        let mut entries = vec![(TICKET, self.ticket.to_string())];
+        if self.permits > 1 {
+            entries.push((PERMITS, self.permits.to_string()));
+        }
+        entries.push((WAITED_MS, self.waited_ms.to_string()));
         if let Some(t) = &self.tick {
             entries.push((TICK, t.clone()));
         }

@@ -19,6 +19,10 @@ use super::tick::{parse_stale_after, TickSource, STALE_AFTER_FORMS, TICK_FORMS};
 use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
 use crate::schema::HolderInfo;
 
+pub use permits::PERMITS_FORMS;
+
+mod permits;
+
 /// Prefix of every flightlock variable.
 pub const PREFIX: &str = "FLIGHTLOCK_";
 /// Lock table name (required).
@@ -53,6 +57,8 @@ pub const TICK: &str = "FLIGHTLOCK_TICK";
 pub const STALE_AFTER: &str = "FLIGHTLOCK_STALE_AFTER";
 /// Coalesce overruns (at most one later run waits, the newest), on or off.
 pub const COALESCE: &str = "FLIGHTLOCK_COALESCE";
+/// How many invocations may hold the key at a time (a FIFO counting semaphore): 1 to 100.
+pub const PERMITS: &str = "FLIGHTLOCK_PERMITS";
 
 /// Every variable [`Config::from_map`] understands.
 pub const KNOWN: &[&str] = &[
@@ -72,6 +78,7 @@ pub const KNOWN: &[&str] = &[
     TICK,
     STALE_AFTER,
     COALESCE,
+    PERMITS,
 ];
 
 /// Lambda's variable with the Runtime API address (`host:port`).
@@ -150,6 +157,11 @@ pub struct Config {
     /// `FLIGHTLOCK_COALESCE`: at most one later run waits for the key, the newest; the one it
     /// replaces is answered `superseded`. Needs `FLIGHTLOCK_WAIT` above 0. Default off.
     pub coalesce: bool,
+    /// `FLIGHTLOCK_PERMITS`: how many invocations may hold the key at a time
+    /// ([`LockOptions::permits`]). Default 1. More than 1 turns the default tick (`auto`) off
+    /// and refuses an explicit `FLIGHTLOCK_TICK`, `FLIGHTLOCK_STALE_AFTER` or
+    /// `FLIGHTLOCK_COALESCE=on` (they promise one run at a time).
+    pub permits: u32,
     /// `AWS_LAMBDA_FUNCTION_NAME`, written into rows for people.
     pub function_name: Option<String>,
 }
@@ -329,6 +341,15 @@ impl Config {
             }
         };
         let coalesce = switch(COALESCE, false)?;
+        let permits = permits::parse(get(PERMITS))?;
+        let tick = permits::tick(
+            env,
+            permits,
+            tick,
+            get(TICK).is_some(),
+            stale_after,
+            coalesce,
+        )?;
         if coalesce && wait == Wait::NoWait {
             return Err(err(
                 COALESCE,
@@ -357,6 +378,7 @@ impl Config {
             tick,
             stale_after,
             coalesce,
+            permits,
             function_name,
         };
         // Check lease / heartbeat / skew against each other now, at init, not at the first
@@ -432,6 +454,7 @@ impl Config {
             holder,
             lease_cap: deadline.map(|d| d + LEASE_CAP_GRACE),
             coalesce: self.coalesce && wait != Wait::NoWait,
+            permits: self.permits,
             ..LockOptions::default()
         }
     }

@@ -12,6 +12,7 @@
 //!                                                  ├─ superseded ────► Skipped(superseded)
 //!                                                  ├─ busy ──────────► Skipped(busy) | Failed(FlightlockBusy)
 //!                                                  ├─ newer protocol ► Failed(FlightlockProtocolTooNew), never skipped
+//!                                                  ├─ other permits ─► Failed(FlightlockPermitsMismatch), never skipped
 //!                                                  └─ error / late ──► Failed(FlightlockLockError)
 //! ```
 //!
@@ -32,7 +33,7 @@ use tracing::Instrument;
 
 use super::body::{
     redact_aws_ids, skipped_body, SkipReason, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-    PROTOCOL_ERROR_TYPE, TICK_ERROR_TYPE,
+    PERMITS_ERROR_TYPE, PROTOCOL_ERROR_TYPE, TICK_ERROR_TYPE,
 };
 use super::client_context::Handover;
 use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
@@ -54,6 +55,7 @@ pub struct Held {
     deadline: Option<SystemTime>,
     tick: Option<Tick>,
     waited_ms: u64,
+    permits: u32,
 }
 
 impl Held {
@@ -79,6 +81,7 @@ impl Held {
             key: self.guard.key().to_owned(),
             waited_ms: self.waited_ms,
             tick: self.tick.as_ref().map(Tick::to_string),
+            permits: self.permits,
         }
     }
 }
@@ -254,6 +257,7 @@ impl Gate {
                     deadline,
                     tick,
                     waited_ms: waited_ms as u64,
+                    permits: opts.permits,
                 })
             }
             Err(e @ Error::TickDone { .. }) => {
@@ -314,12 +318,19 @@ impl Gate {
                     }
                 }
             }
-            Err(e @ (Error::ProtocolTooNew { .. } | Error::PermitsMismatch { .. })) => {
+            Err(e @ Error::ProtocolTooNew { .. }) => {
                 // Whatever FLIGHTLOCK_ON_BUSY says: a skip would answer success for a run that
                 // never happened; failing lets Lambda's retries run it once upgraded.
                 tracing::error!(error = %e, "the key runs a newer protocol than this layer speaks; failing the invocation");
                 self.metrics.count(Metric::LockErrors);
                 failed(PROTOCOL_ERROR_TYPE, &redact_aws_ids(&e.to_string()))
+            }
+            Err(e @ Error::PermitsMismatch { .. }) => {
+                // Never a skip either: nothing ran, and Lambda's retries run it once the function
+                // or the key is reconfigured.
+                tracing::error!(error = %e, "the key allows a different number of holders than FLIGHTLOCK_PERMITS; failing the invocation");
+                self.metrics.count(Metric::LockErrors);
+                failed(PERMITS_ERROR_TYPE, &redact_aws_ids(&e.to_string()))
             }
             Err(e) => {
                 // A table that is not a flightlock table fails with a bare ValidationException:
@@ -370,6 +381,7 @@ impl Gate {
             deadline,
             tick,
             waited_ms: _,
+            permits: _,
         } = held;
         watcher.abort();
         let failures = guard.heartbeat_failures();

@@ -6,7 +6,7 @@ use super::*;
 
 /// A handler answering its ticket (read with `flightlock::lambda::ticket`) and its whole
 /// client context.
-fn reporting(layer: &FlightlockLayer) -> Handler {
+pub(super) fn reporting(layer: &FlightlockLayer) -> Handler {
     let handler = lambda_runtime::service_fn(|event: LambdaEvent<Value>| async move {
         Ok::<Value, Diagnostic>(json!({
             "ticket": flightlock::lambda::ticket(&event.context),
@@ -41,6 +41,10 @@ async fn the_handler_reads_its_ticket_key_and_wait_and_the_next_one_a_higher_tic
         "{custom}"
     );
     assert!(custom.get("flightlockTick").is_none(), "no tick: {custom}");
+    assert!(
+        custom.get("flightlockPermits").is_none(),
+        "one permit (the default) is not handed over: {custom}"
+    );
     let second = ran(call(service, "req-2", json!({})).await);
     assert!(
         second["ticket"].as_u64().expect("a ticket") > ticket,

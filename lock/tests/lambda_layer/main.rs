@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 mod handover;
+mod permits;
 mod ticks;
 
 /// What the handler saw: how many ran, how many ran at once, and the order of the events.

@@ -151,7 +151,7 @@ fn options_in(text: &str) -> BTreeSet<String> {
 fn the_cli_synopsis_and_option_table_list_every_option_of_the_code() {
     let dir = "lock/src/bin/flightlock";
     let mut code = BTreeSet::new();
-    for file in ["main.rs", "run.rs", "status.rs", "sweep.rs"] {
+    for file in ["main.rs", "run.rs", "status.rs", "sweep.rs", "permits.rs"] {
         code.extend(long_options(&read(&format!("{dir}/{file}"))));
     }
     assert!(
@@ -177,6 +177,7 @@ fn the_cli_synopsis_and_option_table_list_every_option_of_the_code() {
         ("run.rs", "run"),
         ("status.rs", "status"),
         ("sweep.rs", "sweep"),
+        ("permits.rs", "permits"),
     ] {
         let own = long_options(&read(&format!("{dir}/{file}")));
         let start = synopsis

@@ -115,6 +115,39 @@ fn duration_parameters_take_documented_forms_and_nothing_the_code_refuses() {
     }
 }
 
+#[test]
+fn the_permits_parameter_takes_exactly_what_the_code_accepts() {
+    let t = template();
+    let p = &t["Parameters"]["LockPermits"];
+    let num = |field: &str| {
+        p[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("LockPermits has no {field}"))
+    };
+    let (min, max, default) = (num("MinValue"), num("MaxValue"), num("Default"));
+    assert_eq!((min, max), (1, u64::from(flightlock::MAX_PERMITS)));
+    let accepts = |n: u64| {
+        let env = HashMap::from([
+            (config::TABLE.to_owned(), "locks".to_owned()),
+            (config::FUNCTION_NAME.to_owned(), "job".to_owned()),
+            (config::PERMITS.to_owned(), n.to_string()),
+        ]);
+        Config::from_map(&env).is_ok()
+    };
+    assert!(accepts(default) && accepts(min) && accepts(max));
+    assert!(!accepts(min - 1) && !accepts(max + 1));
+    // Both example jobs read it.
+    let jobs = ["DemoPythonJob", "DemoRustJob"];
+    for job in jobs {
+        let vars = &t["Resources"][job]["Properties"]["Environment"]["Variables"];
+        assert!(
+            !vars[config::PERMITS].is_null(),
+            "{job} does not set {}",
+            config::PERMITS
+        );
+    }
+}
+
 /// The actions the template's `LockUserPolicy` grants.
 fn lock_user_actions() -> BTreeSet<String> {
     let t = template();

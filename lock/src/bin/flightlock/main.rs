@@ -2,14 +2,16 @@
 //!
 //! ```text
 //! flightlock create-table --table T
-//! flightlock run --table T --key K [--wait 0|DURATION|forever] [--lease D] [--once ID] -- CMD [ARGS...]
+//! flightlock run --table T --key K [--wait 0|DURATION|forever] [--lease D] [--permits N] [--once ID] -- CMD [ARGS...]
 //! flightlock status --table T --key K [--json]
+//! flightlock permits --table T --key K --set N [--wait DURATION] [--json]
 //! flightlock sweep --table T [--grace DURATION] [--dry-run] [--json]
 //! ```
 //!
 //! Endpoint, region and credentials come from the standard AWS SDK configuration
 //! (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_REGION`, profiles, ...); `--endpoint-url` overrides.
 
+mod permits;
 mod run;
 mod status;
 mod sweep;
@@ -30,6 +32,10 @@ pub const EXIT_NOT_FOUND: u8 = 127;
 /// Exit status when the key runs a newer flightlock protocol than this build speaks
 /// (`EX_PROTOCOL`): nothing was run and nothing was granted; upgrade this build.
 pub const EXIT_PROTOCOL: u8 = 76;
+/// Exit status when the key allows a different number of holders at a time than `--permits`
+/// (`EX_CONFIG`): nothing was run and nothing was granted; use the key's permits, or change
+/// them with `flightlock permits`.
+pub const EXIT_PERMITS: u8 = 78;
 /// Exit status for a bad value: the usage errors clap reports, and options out of range.
 pub const EXIT_USAGE: u8 = 2;
 
@@ -64,8 +70,10 @@ enum Command {
     },
     /// Acquire KEY, run CMD while holding it, release, and exit with CMD's status.
     Run(run::RunArgs),
-    /// Print KEY's queue: holder, waiters, stale rows.
+    /// Print KEY's queue: holders and waiters against its permits, stale rows.
     Status(status::StatusArgs),
+    /// Change KEY's permits (how many hold it at a time); waits while the counter's seat is taken.
+    Permits(permits::PermitsArgs),
     /// Remove queue rows whose lease ended more than a grace period ago (never counters).
     Sweep(sweep::SweepArgs),
 }
@@ -146,6 +154,29 @@ pub struct LockArgs {
     /// clock-free) for clock-free mode.
     #[arg(long, default_value = "1s", allow_hyphen_values = true, value_parser = ClockSkew::parse)]
     max_clock_skew: ClockSkew,
+    /// How many may hold the key at a time (1 to 100): every participant on a key must use the
+    /// key's number (see `flightlock permits`).
+    #[arg(long, env = "FLIGHTLOCK_PERMITS", default_value = "1", allow_hyphen_values = true,
+          value_parser = parse_permits)]
+    permits: u32,
+}
+
+/// `--permits`, `permits --set`: 1 up to [`flightlock::MAX_PERMITS`], digits only, as
+/// `FLIGHTLOCK_PERMITS` in Lambda.
+pub fn parse_permits(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    match t.parse::<u32>() {
+        Ok(p)
+            if (1..=flightlock::MAX_PERMITS).contains(&p)
+                && t.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            Ok(p)
+        }
+        _ => Err(format!(
+            "{s:?} is not a number of permits; use {}",
+            flightlock::lambda::config::PERMITS_FORMS
+        )),
+    }
 }
 
 impl LockArgs {
@@ -162,6 +193,7 @@ impl LockArgs {
             poll: self.poll,
             max_poll: defaults.max_poll.max(self.poll),
             clock_skew: self.max_clock_skew,
+            permits: self.permits,
             holder: flightlock::HolderInfo {
                 host: Some(format!("{host}:{}", std::process::id())),
                 function: std::env::var("AWS_LAMBDA_FUNCTION_NAME").ok(),
@@ -206,6 +238,10 @@ async fn main() -> ExitCode {
             init_logging(&args.conn.log_level);
             sweep::sweep(args).await
         }
+        Command::Permits(args) => {
+            init_logging(&args.conn.log_level);
+            permits::permits(args).await
+        }
     };
     match result {
         Ok(code) => code,
@@ -219,6 +255,7 @@ async fn main() -> ExitCode {
                         flightlock::Error::InvalidOption { .. }
                         | flightlock::Error::InvalidKey { .. } => ExitCode::from(EXIT_USAGE),
                         flightlock::Error::ProtocolTooNew { .. } => ExitCode::from(EXIT_PROTOCOL),
+                        flightlock::Error::PermitsMismatch { .. } => ExitCode::from(EXIT_PERMITS),
                         _ => ExitCode::FAILURE,
                     }
                 }

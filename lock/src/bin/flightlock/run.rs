@@ -234,8 +234,13 @@ async fn progress(locker: Locker, key: String, opts: LockOptions) {
                     .iter()
                     .filter(|e| e.state == EntryState::Waiting)
                     .count();
-                match entries.iter().find(|e| e.state == EntryState::Holding) {
-                    Some(h) => format!(
+                let holding: Vec<_> = entries
+                    .iter()
+                    .filter(|e| e.state == EntryState::Holding)
+                    .collect();
+                match holding.as_slice() {
+                    [] => format!("no live holder, {waiting} waiting"),
+                    [h] => format!(
                         "held by ticket {} (owner {}{}), {waiting} waiting",
                         h.ticket,
                         h.owner,
@@ -245,7 +250,15 @@ async fn progress(locker: Locker, key: String, opts: LockOptions) {
                             .map(|host| format!(", host {host}"))
                             .unwrap_or_default()
                     ),
-                    None => format!("no live holder, {waiting} waiting"),
+                    many => format!(
+                        "held by {} holders (tickets {}) of {} permits, {waiting} waiting",
+                        many.len(),
+                        many.iter()
+                            .map(|h| h.ticket.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        opts.permits
+                    ),
                 }
             }
             Ok(Err(e)) => format!("DynamoDB is not answering as it should ({e}); retrying"),

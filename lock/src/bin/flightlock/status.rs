@@ -24,46 +24,64 @@ pub struct StatusArgs {
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let locker = Locker::new(args.conn.client().await, &args.conn.table);
-    let (entries, protocol) = match locker
-        .queue_and_protocol(&args.key, args.max_clock_skew)
-        .await
-    {
-        Ok(read) => read,
-        Err(flightlock::Error::ProtocolTooNew { table, speaks, .. }) if args.json => {
-            // A queue this build cannot read: its protocol, and no queue.
-            let out = serde_json::json!({
-                "table": args.conn.table,
-                "key": args.key,
-                "protocol": table,
-                "speaks": speaks,
-                "queue": null,
-            });
-            println!("{}", serde_json::to_string_pretty(&out)?);
-            return Ok(ExitCode::from(crate::EXIT_PROTOCOL));
-        }
-        Err(e) => return Err(crate::explained(&locker, e).await),
-    };
+    let client = args.conn.client().await;
+    let locker = Locker::new(client.clone(), &args.conn.table);
+    let state =
+        match flightlock::permits::read(&client, &args.conn.table, &args.key, args.max_clock_skew)
+            .await
+        {
+            Ok(state) => state,
+            Err(flightlock::Error::ProtocolTooNew { table, speaks, .. }) if args.json => {
+                // A queue this build cannot read: its protocol, and no queue.
+                let out = serde_json::json!({
+                    "table": args.conn.table,
+                    "key": args.key,
+                    "protocol": table,
+                    "speaks": speaks,
+                    "permits": null,
+                    "queue": null,
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return Ok(ExitCode::from(crate::EXIT_PROTOCOL));
+            }
+            Err(e) => return Err(crate::explained(&locker, e).await),
+        };
+    let count = |s: EntryState| state.queue.iter().filter(|e| e.state == s).count();
+    let (holding, waiting) = (count(EntryState::Holding), count(EntryState::Waiting));
     if args.json {
         let out = serde_json::json!({
             "table": args.conn.table,
             "key": args.key,
-            "protocol": protocol,
+            "protocol": state.protocol,
             "speaks": flightlock::PROTOCOL,
-            "queue": entries,
+            "permits": state.permits,
+            "holding": holding,
+            "waiting": waiting,
+            "queue": state.queue,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
-    if protocol != flightlock::PROTOCOL {
-        println!("{}: protocol {protocol}", args.key);
+    if state.protocol != flightlock::PROTOCOL {
+        println!("{}: protocol {}", args.key, state.protocol);
     }
-    if entries.is_empty() {
-        println!("{}: free (no rows)", args.key);
+    if state.queue.is_empty() {
+        let of = if state.permits > 1 {
+            format!(", {} permits", state.permits)
+        } else {
+            String::new()
+        };
+        println!("{}: free (no rows{of})", args.key);
         return Ok(ExitCode::SUCCESS);
     }
+    if state.permits > 1 {
+        println!(
+            "{}: {holding} of {} permits held, {waiting} waiting",
+            args.key, state.permits
+        );
+    }
     println!("TICKET   STATE    OWNER                LEASE LEFT  HOLDER");
-    for e in entries {
+    for e in state.queue {
         let state = match e.state {
             EntryState::Holding => "holding",
             EntryState::Waiting => "waiting",

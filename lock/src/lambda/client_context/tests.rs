@@ -7,6 +7,7 @@ fn ours() -> Handover {
         key: "nightly-report".to_owned(),
         waited_ms: 17,
         tick: Some("2026-11-24T10:00:00.000Z".to_owned()),
+        permits: 1,
     }
 }
 
@@ -46,6 +47,21 @@ fn without_a_caller_context_only_ours_is_sent() {
         m,
         "an empty header counts as none"
     );
+}
+
+#[test]
+fn permits_are_handed_over_only_when_more_than_one() {
+    let (v, ..) = header(merge(None, &ours()));
+    assert!(v["custom"].get(PERMITS).is_none(), "{v}");
+    let h = Handover {
+        permits: 4,
+        ..ours()
+    };
+    let (v, ..) = header(merge(None, &h));
+    assert_eq!(v["custom"][PERMITS], "4");
+    // Kept right after the ticket when room is short: it says what the ticket means.
+    let names: Vec<_> = h.entries().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names[..2], [TICKET, PERMITS]);
 }
 
 #[test]

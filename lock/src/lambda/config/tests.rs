@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use super::{
     runtime_api_authority, Config, ConfigError, OnBusy, CLOCK_SKEW, COALESCE, DEADLINE_MARGIN,
-    FUNCTION_NAME, HEARTBEAT, KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PROXY_PORT,
-    RUNTIME_API, STALE_AFTER, TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
+    FUNCTION_NAME, HEARTBEAT, KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PERMITS,
+    PROXY_PORT, RUNTIME_API, STALE_AFTER, TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
 };
 use crate::lambda::tick::TickSource;
 use crate::options::{ClockSkew, Wait};
@@ -55,6 +55,7 @@ fn defaults() {
     assert_eq!(c.tick, TickSource::Auto);
     assert_eq!(c.stale_after, None);
     assert!(!c.coalesce);
+    assert_eq!(c.permits, 1);
 }
 
 #[test]
@@ -121,6 +122,11 @@ fn every_bad_value_names_its_variable_and_the_accepted_forms() {
         (STALE_AFTER, "soon", "90s"),
         (STALE_AFTER, "-5m", "90s"),
         (COALESCE, "newest", "on, off"),
+        (PERMITS, "0", "1 (one at a time, the default) up to 100"),
+        (PERMITS, "101", "up to 100"),
+        (PERMITS, "+3", "a whole number"),
+        (PERMITS, "2.5", "a whole number"),
+        (PERMITS, "five", "such as 5"),
         (KEY, "job-{detail}", "{/json/pointer}"),
         (KEY, "job-{/a", "{/json/pointer}"),
         (KEY, "a}b", "}}"),
@@ -253,4 +259,47 @@ fn coalescing_is_dropped_when_the_deadline_leaves_no_wait() {
     );
     assert_eq!((o.wait, o.coalesce), (Wait::NoWait, false));
     assert!(o.validate().is_ok());
+}
+
+#[test]
+fn permits_parse_and_reach_the_lock_options() {
+    for (value, n) in [("1", 1), ("2", 2), (" 5 ", 5), ("100", 100)] {
+        let c = Config::from_map(&with(&[(PERMITS, value)])).unwrap();
+        assert_eq!(c.permits, n, "{value}");
+        let o = c.lock_options(None, SystemTime::now(), HolderInfo::default());
+        assert_eq!(o.permits, n, "{value}");
+        assert!(o.validate().is_ok(), "{value}");
+    }
+    // Blank is unset: one permit, and the default tick stays on.
+    let c = Config::from_map(&with(&[(PERMITS, "")])).unwrap();
+    assert_eq!((c.permits, c.tick), (1, TickSource::Auto));
+    assert!(super::PERMITS_FORMS.contains(&crate::MAX_PERMITS.to_string()));
+}
+
+#[test]
+fn more_than_one_permit_turns_the_default_tick_off_and_refuses_what_needs_one_run() {
+    // Unset FLIGHTLOCK_TICK (auto by default) is turned off; explicit off stays off.
+    for extra in [vec![], vec![(TICK, "off")], vec![(STALE_AFTER, "off")]] {
+        let mut extra = extra;
+        extra.push((PERMITS, "3"));
+        let c = Config::from_map(&with(&extra)).unwrap();
+        assert_eq!(c.tick, TickSource::Off, "{extra:?}");
+    }
+    // With one permit, nothing changes.
+    let c = Config::from_map(&with(&[(PERMITS, "1"), (TICK, "auto")])).unwrap();
+    assert_eq!(c.tick, TickSource::Auto);
+    for extra in [
+        [(TICK, "auto"), (WAIT, "0")],
+        [(TICK, "{/detail/id}"), (WAIT, "0")],
+        [(STALE_AFTER, "1h"), (WAIT, "0")],
+        [(COALESCE, "on"), (WAIT, "forever")],
+    ] {
+        let mut extra = extra.to_vec();
+        extra.push((PERMITS, "2"));
+        let e = bad(&extra);
+        assert_eq!(e.variable, extra[0].0, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("FLIGHTLOCK_PERMITS=2"), "{msg}");
+        assert!(msg.contains("set FLIGHTLOCK_PERMITS=1"), "{msg}");
+    }
 }
