@@ -123,6 +123,8 @@ pub(crate) struct Membership {
     speaks: Speaks,
     /// Our permits.
     permits: u32,
+    /// Live entries below ours when it was granted (the hint's bound).
+    ahead: std::sync::atomic::AtomicU32,
 }
 
 impl Membership {
@@ -183,12 +185,23 @@ impl Membership {
             left: false,
             speaks,
             permits,
+            ahead: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
     /// The permits the entry was granted under.
     pub(crate) fn permits(&self) -> u32 {
         self.permits
+    }
+
+    /// Records how many live entries were below ours when it was granted.
+    pub(crate) fn set_ahead(&self, ahead: u32) {
+        self.ahead.store(ahead, Ordering::Relaxed);
+    }
+
+    /// How many live entries were below ours when it was granted.
+    pub(crate) fn ahead(&self) -> u32 {
+        self.ahead.load(Ordering::Relaxed)
     }
 
     /// Heartbeats that failed (and were retried) so far.

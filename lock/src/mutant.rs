@@ -112,6 +112,9 @@ pub(crate) enum Mutant {
     /// `storage/dynamo/enqueue.rs`: the enqueue's permits condition accepts any permits (the
     /// version still checked): a participant of other permits is granted on the key.
     StorePermitsIgnored,
+    /// `locker/enqueue.rs`: a refused hint of more than one permit is followed by a row granted
+    /// at once whatever the number of tickets issued since (its bound not checked).
+    HintPastBound,
 }
 
 thread_local! {
@@ -158,4 +161,7 @@ pub(crate) const GUARD_ENQUEUE: &str = "guard: own lease ran out during the enqu
 pub(crate) const GUARD_TICK_ID: &str = "guard: own lease ran out during the tick id check";
 /// The margin in `liveness.rs`: a clock-free row watched for its lease but not yet for its lease
 /// and 1/64 is still live.
+/// The bound in `locker/enqueue.rs`: a hint of more than one permit refused because others took
+/// tickets since, decided without a read (granted at once, or read because the bound is reached).
+pub(crate) const GUARD_HINT_BOUND: &str = "guard: hint past others' tickets, bounded";
 pub(crate) const GUARD_MARGIN: &str = "guard: clock-free margin kept a row a lease old live";

@@ -305,7 +305,7 @@ async fn create_counter(
     last: u64,
     permits: u32,
 ) -> Result<bool, Failure> {
-    let id = crate::clock::new_id(&crate::clock::SystemClock);
+    let id = crate::schema::created_by(&crate::clock::new_id(&crate::clock::SystemClock), permits);
     let mut item = counter_key(key);
     item.insert(LAST.into(), AttributeValue::N(last.to_string()));
     item.insert(LAST_OWNER.into(), AttributeValue::S(last_owner(&id, last)));

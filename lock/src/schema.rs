@@ -60,6 +60,22 @@ pub const PROTOCOL_ATTR: &str = "protocol";
 /// `flightlock permits`; every write of a participant configured with more than one permit is
 /// conditioned on it (see [`crate::protocol`]).
 pub const PERMITS_ATTR: &str = "permits";
+/// How the `lastOwner` of a counter created for a key of more than one permit starts: an owner
+/// id that is no acquisition's, so a participant's hint never mistakes a recreated counter (whose
+/// `last` may be below tickets already queued) for one an enqueue moved (see
+/// `Counter::created`). A key of one permit keeps protocol 1's creation, a bare fresh id.
+pub const CREATED_PREFIX: &str = "created-";
+
+/// The owner part of the `lastOwner` a counter is created with: `id`, marked as a creation for a
+/// key of more than one permit.
+pub fn created_by(id: &str, permits: u32) -> String {
+    if permits > 1 {
+        format!("{CREATED_PREFIX}{id}")
+    } else {
+        id.to_owned()
+    }
+}
+
 /// The `lastOwner` value of a counter moved to `ticket` by `owner`.
 pub fn last_owner(owner: &str, ticket: u64) -> String {
     format!("{owner}:{ticket}")

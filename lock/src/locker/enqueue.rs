@@ -31,6 +31,10 @@ pub(super) struct Attempt<'a> {
     /// ticket minus the lowest rows ahead at most; the highest right ahead of ours if it is the
     /// ticket below) instead of looking again at once.
     pub(super) surveyed: Option<(u64, u64)>,
+    /// How many live entries can be below the entry of this acquisition's current enqueue, if
+    /// it is granted at once (its read's count, or its hint's bound): remembered with the hint
+    /// of its release (see [`Attempt::past_hint`]).
+    pub(super) ahead: u32,
 }
 
 /// How many times a `wait = 0` acquisition with more than one permit reads the queue again after
@@ -149,6 +153,34 @@ impl Attempt<'_> {
             return !_row.seat;
         }
         true
+    }
+
+    /// A refused hint of more than one permit, answered with the counter `c` as it stands: if
+    /// `c` was last moved by an enqueue (consistent, not a creation), at most `h.ahead` entries
+    /// were below the released ticket `h.ticket` when it was granted (none can have appeared
+    /// below it since: tickets only rise, and an enqueue that lost its counter condition cannot
+    /// land later), and every ticket issued since is one of `c.last - h.ticket`. If those are
+    /// fewer than our permits, a row at `c.last + 1` conditioned on `c` is granted at once:
+    /// returns `c` and that bound. Else (or with one permit: the seat needs an empty queue) the
+    /// queue is read first.
+    fn past_hint(
+        &self,
+        source: Source,
+        c: &Counter,
+        h: &crate::memory::Hint,
+    ) -> Option<(Counter, u32)> {
+        if source != Source::Hint || self.opts.permits == 1 || !c.consistent() || c.created() {
+            return None;
+        }
+        let since = u32::try_from(c.last.checked_sub(h.ticket)?).ok()?;
+        let ahead = h.ahead.checked_add(since)?;
+        #[cfg(test)]
+        crate::mutant::fired(crate::mutant::GUARD_HINT_BOUND);
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::HintPastBound) {
+            return Some((c.clone(), 0));
+        }
+        (!self.blocked_by(ahead as usize)).then(|| (c.clone(), ahead))
     }
 
     /// Whether `live` live entries ahead of us (holders, or waiters ahead of us) leave no permit
@@ -274,7 +306,7 @@ impl Attempt<'_> {
                 .create_counter(
                     self.key,
                     self.max_seen,
-                    &new_id(&*self.locker.clock),
+                    &crate::schema::created_by(&new_id(&*self.locker.clock), self.opts.permits),
                     self.opts.permits,
                 )
                 .await
@@ -373,6 +405,7 @@ impl Attempt<'_> {
             .filter(|h| h.permits == opts.permits);
         let mut expected = hint.as_ref().map(|h| {
             let counter = Counter::moved(&h.owner, h.ticket);
+            self.ahead = h.ahead;
             // One permit: the queue is empty (we were alone when granted, and nobody queued
             // since), so the seat. More: fewer than our permits were ahead of `h.ticket` when it
             // was granted, none can have appeared below it since, and nobody queued after it:
@@ -429,6 +462,7 @@ impl Attempt<'_> {
                     // The seat only for an empty queue; a row granted at once while fewer than
                     // our permits are ahead.
                     let e = (counter, Source::Read, (live.is_empty(), !blocked));
+                    self.ahead = u32::try_from(live.len()).unwrap_or(u32::MAX);
                     expected = Some(e.clone());
                     e
                 }
@@ -469,6 +503,7 @@ impl Attempt<'_> {
                     // No await from here on: the row passes from `in_flight` to the membership,
                     // which removes it if dropped.
                     let m = Membership::start(self.locker.store.clone(), clock, written, timing);
+                    m.set_ahead(self.ahead);
                     in_flight.abandon(); // tickets of earlier ambiguous attempts, if any
                     return Ok((m, p.granted));
                 }
@@ -480,6 +515,17 @@ impl Attempt<'_> {
                         return Err(e);
                     }
                     self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
+                    if let Some((c, ahead)) = current
+                        .as_ref()
+                        .zip(hint.as_ref())
+                        .and_then(|(c, h)| self.past_hint(source, c, h))
+                    {
+                        // More than one permit: others took tickets since our hint, but too few
+                        // to fill the permits: the next ticket is granted at once, unread.
+                        self.ahead = ahead;
+                        expected = Some((c.clone(), Source::Hint, (false, true)));
+                        continue;
+                    }
                     let adopt = |c: &Counter| source == Source::Read && c.consistent();
                     let Some(current) = current.filter(adopt) else {
                         // Our hint is old (others used the key since), the counter is gone, or

@@ -121,7 +121,11 @@ impl Attempt<'_> {
             }
             match next {
                 Some(k) => start = Some(k),
-                None => return Ok(Look::Clear),
+                None => {
+                    return Ok(Look::Clear {
+                        ahead: u32::try_from(live.len()).unwrap_or(u32::MAX),
+                    })
+                }
             }
         }
     }
@@ -252,7 +256,7 @@ impl Attempt<'_> {
                         drop(m.leave().await);
                         return Ok(None);
                     }
-                    Ok(Look::Clear) => {
+                    Ok(Look::Clear { ahead }) => {
                         #[cfg(test)]
                         let guarded = !crate::mutant::on(crate::mutant::Mutant::GrantPastOwnLease);
                         #[cfg(not(test))]
@@ -266,6 +270,7 @@ impl Attempt<'_> {
                             drop(m.leave().await);
                             return Ok(None);
                         }
+                        m.set_ahead(ahead);
                         m.mark_granted(self.locker.clock.wall_ms());
                         return Ok(Some(m));
                     }
@@ -349,8 +354,9 @@ const LOOK_LIMIT: u32 = if cfg!(test) { 3 } else { 8 };
 pub(super) enum Look {
     /// Our row is gone (passed over as dead, swept, deleted by hand).
     Removed,
-    /// No live row ahead: the key is ours.
-    Clear,
+    /// Fewer live entries ahead than our permits (`ahead` of them; none with one permit): the
+    /// key is ours.
+    Clear { ahead: u32 },
     /// `holders` are the live entries ahead that take every permit before us, in ticket order
     /// (`adjacent`: the nearest is right ahead of us), or the first row of the queue (a far-back
     /// look); about `ahead` rows are ahead in all.

@@ -112,6 +112,15 @@ impl Counter {
         self.tick_done.is_some_and(|d| d >= tick)
     }
 
+    /// Whether the counter was created (by [`crate::storage`]'s `CreateCounter` of a key of more
+    /// than one permit, or by `flightlock permits`) and not moved by an enqueue since: its
+    /// `lastOwner` names no acquisition (see [`crate::schema::created_by`]).
+    pub fn created(&self) -> bool {
+        self.owner
+            .as_deref()
+            .is_some_and(|o| o.starts_with(super::CREATED_PREFIX))
+    }
+
     /// Whether `last` is the ticket recorded in `lastOwner`: the counter was last moved by an
     /// enqueue, not set by hand.
     pub fn consistent(&self) -> bool {

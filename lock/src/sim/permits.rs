@@ -28,6 +28,7 @@ const CHECKS: &[&str] = &[
     "progress (handoff gap)",
     "tight wait",
     "takeover (busy behind entries)",
+    crate::mutant::GUARD_HINT_BOUND,
 ];
 
 fn permits() -> Knobs {
@@ -149,5 +150,15 @@ fn a_release_that_frees_another_holders_permit_is_caught() {
         },
         PERMITS_SEEDS,
         &["mutual exclusion", "loss", "FIFO"],
+    );
+}
+
+#[test]
+fn a_hint_past_others_tickets_without_its_bound_is_caught() {
+    caught_by(
+        "hint past others' tickets, unbounded",
+        mutant(Mutant::HintPastBound),
+        PERMITS_SEEDS,
+        &["mutual exclusion", "FIFO"],
     );
 }
