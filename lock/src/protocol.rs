@@ -35,7 +35,7 @@ use crate::storage::Item;
 /// - **2**: N holders at a time ([`crate::LockOptions::permits`] above 1): the counter carries
 ///   `protocol = 2` and `permits = N`, and rows carry `protocol = 2`. A key with one permit stays
 ///   on protocol 1, byte for byte, so a participant configured with one permit writes exactly
-///   what a protocol 1 build writes ([`Speaks::Permits`]`(1)` conditions on `:speaks = 1`).
+///   what a protocol 1 build writes (its writes are conditioned on `:speaks = 1`).
 pub const PROTOCOL: u32 = 2;
 
 /// Where a user who meets [`Error::ProtocolTooNew`] reads what to do.
@@ -50,7 +50,7 @@ pub const CONDITION: &str = "(attribute_not_exists(#proto) OR #proto <= :speaks)
 
 /// The condition of a participant configured with more than one permit: the key runs protocol 2
 /// *and* has exactly our permits. A key of one permit (protocol 1), of other permits, or of a
-/// newer protocol refuses the write; the refusal's `ALL_OLD` counter says which ([`check`]).
+/// newer protocol refuses the write; the refusal's `ALL_OLD` counter says which.
 pub const PERMITS_CONDITION: &str = "(#proto = :speaks AND #permits = :permits)";
 
 /// The placeholder of [`crate::schema::PERMITS_ATTR`] in [`PERMITS_CONDITION`].

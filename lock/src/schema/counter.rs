@@ -112,7 +112,7 @@ impl Counter {
         self.tick_done.is_some_and(|d| d >= tick)
     }
 
-    /// Whether the counter was created (by [`crate::storage`]'s `CreateCounter` of a key of more
+    /// Whether the counter was created (by the `CreateCounter` request of a key of more
     /// than one permit, or by `flightlock permits`) and not moved by an enqueue since: its
     /// `lastOwner` names no acquisition (see [`crate::schema::created_by`]).
     pub fn created(&self) -> bool {
