@@ -292,6 +292,16 @@ impl Drop for Membership {
     }
 }
 
+/// Bounded mode: how long a holder believes a lease that others see end `written` after its
+/// write's wall time. Others judge it by `leaseUntilMs` on their wall clocks (within the
+/// allowance); the holder counts on its monotonic clock, which may run slow by up to 1/64 (the
+/// protocol's assumption on monotonic rates). Believing a 64th less keeps its belief inside the
+/// `leaseUntilMs` it wrote, so the allowance covers the wall clocks' disagreement alone.
+/// (Clock-free mode puts the 1/64 on the watcher's side instead: `liveness.rs`.)
+pub(crate) fn believed(written: Duration) -> Duration {
+    written - written / 64
+}
+
 /// Deletes our row, retrying transient failures for a few seconds.
 ///
 /// If an attempt fails ambiguously (its response lost) and a later one finds the row gone, the
@@ -395,7 +405,10 @@ impl Heartbeat {
             let valid_for = if opts.clock_free() {
                 opts.lease
             } else {
-                Duration::from_millis(u64::try_from(wanted - wall).unwrap_or(0)).min(opts.lease)
+                believed(
+                    Duration::from_millis(u64::try_from(wanted - wall).unwrap_or(0))
+                        .min(opts.lease),
+                )
             };
             let rvn = crate::clock::new_id(&*self.clock);
             let granted_at_ms = self.granted_at_ms.load(Ordering::Acquire);

@@ -487,7 +487,9 @@ impl Attempt<'_> {
                     let valid_for = if opts.clock_free() {
                         opts.lease
                     } else {
-                        Duration::from_millis(u64::try_from(p.lease_until_ms - p.wall).unwrap_or(0))
+                        crate::heartbeat::believed(Duration::from_millis(
+                            u64::try_from(p.lease_until_ms - p.wall).unwrap_or(0),
+                        ))
                     };
                     let written = Written {
                         key: self.key,
