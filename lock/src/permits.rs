@@ -32,8 +32,7 @@ use crate::error::Error;
 use crate::options::MAX_PERMITS;
 use crate::retry::Policy;
 use crate::schema::{
-    self, last_owner, queue_sk, validate_key, Snapshot, COUNTER_SK, LAST, LAST_OWNER, OWNER,
-    PERMITS_ATTR, PK, PROTOCOL_ATTR, SK,
+    self, queue_sk, validate_key, Snapshot, COUNTER_SK, OWNER, PERMITS_ATTR, PK, PROTOCOL_ATTR, SK,
 };
 use crate::status::QueueEntry;
 use crate::storage::{Dynamo, Failure};
@@ -298,42 +297,29 @@ fn protocol_of(permits: u32) -> u32 {
     }
 }
 
-/// Puts the counter if there is none: whether it was put.
+/// Puts the counter if there is none: whether it was put. The protocol's own `CreateCounter`
+/// (the same item an acquisition creates: `last`, `lastOwner` naming a creation, the version).
 async fn create_counter(
     dynamo: &Dynamo,
     key: &str,
     last: u64,
     permits: u32,
 ) -> Result<bool, Failure> {
+    use crate::storage::{Request, Response, Storage};
     let id = crate::schema::created_by(&crate::clock::new_id(&crate::clock::SystemClock), permits);
-    let mut item = counter_key(key);
-    item.insert(LAST.into(), AttributeValue::N(last.to_string()));
-    item.insert(LAST_OWNER.into(), AttributeValue::S(last_owner(&id, last)));
-    item.insert(
-        PROTOCOL_ATTR.into(),
-        AttributeValue::N(protocol_of(permits).to_string()),
-    );
-    if permits > 1 {
-        item.insert(PERMITS_ATTR.into(), AttributeValue::N(permits.to_string()));
-    }
-    let result = dynamo
-        .client()
-        .put_item()
-        .table_name(dynamo.table())
-        .set_item(Some(item))
-        .condition_expression("attribute_not_exists(#pk)")
-        .expression_attribute_names("#pk", PK)
-        .send()
-        .await;
-    match result {
-        Ok(_) => Ok(true),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
-        {
-            Ok(false)
-        }
-        Err(e) => Err(dynamo.classify("PutItem", e)),
+    let request = Request::CreateCounter {
+        key: key.to_owned(),
+        last,
+        owner: id,
+        protocol: protocol_of(permits),
+        permits,
+    };
+    match dynamo.call(request).await? {
+        Response::Created(created) => Ok(created),
+        other => Err(Failure::Fatal(crate::Error::Dynamo {
+            operation: "PutItem",
+            source: format!("unexpected answer to a counter's creation: {other:?}").into(),
+        })),
     }
 }
 
