@@ -161,14 +161,9 @@ impl Attempt<'_> {
     /// below it since: tickets only rise, and an enqueue that lost its counter condition cannot
     /// land later), and every ticket issued since is one of `c.last - h.ticket`. If those are
     /// fewer than our permits, a row at `c.last + 1` conditioned on `c` is granted at once:
-    /// returns `c` and that bound. Else (or with one permit: the seat needs an empty queue) the
+    /// returns that bound. Else (or with one permit: the seat needs an empty queue) the
     /// queue is read first.
-    fn past_hint(
-        &self,
-        source: Source,
-        c: &Counter,
-        h: &crate::memory::Hint,
-    ) -> Option<(Counter, u32)> {
+    fn past_hint(&self, source: Source, c: &Counter, h: &crate::memory::Hint) -> Option<u32> {
         if source != Source::Hint || self.opts.permits == 1 || !c.consistent() || c.created() {
             return None;
         }
@@ -178,9 +173,9 @@ impl Attempt<'_> {
         crate::mutant::fired(crate::mutant::GUARD_HINT_BOUND);
         #[cfg(test)]
         if crate::mutant::on(crate::mutant::Mutant::HintPastBound) {
-            return Some((c.clone(), 0));
+            return Some(0);
         }
-        (!self.blocked_by(ahead as usize)).then(|| (c.clone(), ahead))
+        (!self.blocked_by(ahead as usize)).then_some(ahead)
     }
 
     /// Whether `live` live entries ahead of us (holders, or waiters ahead of us) leave no permit
@@ -517,16 +512,14 @@ impl Attempt<'_> {
                         return Err(e);
                     }
                     self.max_seen = self.max_seen.max(current.as_ref().map_or(0, |c| c.last));
-                    if let Some((c, ahead)) = current
-                        .as_ref()
-                        .zip(hint.as_ref())
-                        .and_then(|(c, h)| self.past_hint(source, c, h))
-                    {
-                        // More than one permit: others took tickets since our hint, but too few
-                        // to fill the permits: the next ticket is granted at once, unread.
-                        self.ahead = ahead;
-                        expected = Some((c.clone(), Source::Hint, (false, true)));
-                        continue;
+                    if let Some((c, h)) = current.as_ref().zip(hint.as_ref()) {
+                        if let Some(ahead) = self.past_hint(source, c, h) {
+                            // More than one permit: others took tickets since our hint, but too
+                            // few to fill the permits: the next ticket is granted at once, unread.
+                            self.ahead = ahead;
+                            expected = Some((c.clone(), Source::Hint, (false, true)));
+                            continue;
+                        }
                     }
                     let adopt = |c: &Counter| source == Source::Read && c.consistent();
                     let Some(current) = current.filter(adopt) else {
