@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::lambda::body::{error_body, EVENT_ERROR_TYPE};
+use flightlock::lambda::body::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
 use flightlock::lambda::config::Config;
 use flightlock::lambda::gate::{Gate, Run};
 use flightlock::Locker;

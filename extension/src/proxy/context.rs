@@ -1,53 +1,57 @@
 //! The handler's view of its lock: the ticket, key, wait and tick merged into the event's
-//! `Lambda-Runtime-Client-Context` header before the runtime gets it (the merge itself, and
-//! what it keeps of the caller's context, is [`flightlock::lambda::client_context`]).
+//! `Lambda-Runtime-Client-Context` header before the runtime gets it (reading the caller's
+//! context, and what is kept of it, is [`flightlock::lambda::client_context`]).
 
-use flightlock::lambda::client_context::{merge, Handover, Merged, CLIENT_CONTEXT_HEADER};
+use flightlock::lambda::client_context::{
+    read, CallerContext, Handover, Unreadable, CLIENT_CONTEXT_HEADER,
+};
 use http::{HeaderMap, HeaderValue};
 
-/// Puts `handover` into the client context header of an event's `headers`. Whatever is left
-/// out (no room within the Invoke API's limit, a caller context that is not a JSON object) is
-/// logged as a warning on the current span; the event is handed over either way.
-pub(super) fn hand_over(headers: &mut HeaderMap, handover: &Handover) {
-    let caller = headers
-        .get(CLIENT_CONTEXT_HEADER)
-        .map(HeaderValue::as_bytes);
-    match merge(caller, handover) {
-        Merged::Header {
-            value,
-            omitted,
-            removed,
-        } => {
-            if removed > 0 {
-                tracing::warn!(
-                    removed,
-                    "the caller's client context had `custom` entries named flightlock*; \
-                     they were removed (those names are flightlock's)"
-                );
-            }
-            if !omitted.is_empty() {
-                tracing::warn!(
-                    omitted = ?omitted,
-                    "the caller's client context leaves too little room within the Invoke \
-                     API's 3583-byte limit: these entries are not in the handler's client context"
-                );
-            }
-            match HeaderValue::from_bytes(value.as_bytes()) {
-                Ok(v) => {
-                    headers.insert(CLIENT_CONTEXT_HEADER, v);
-                }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "the merged client context is not a valid header value; the caller's is \
-                     passed on unchanged and the handler gets no flightlock entries"
-                ),
-            }
+/// Reads the caller's client context from an event's `headers`, before the lock is taken: an
+/// [`Unreadable`] one fails the invocation (the caller's entries could not be removed with
+/// certainty).
+pub(super) fn caller(headers: &HeaderMap) -> Result<CallerContext, Unreadable> {
+    read(
+        headers
+            .get_all(CLIENT_CONTEXT_HEADER)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
+/// Replaces the client context header of an event's `headers` with `caller`'s context and
+/// `handover`'s entries. Whatever is left out (no room within the Invoke API's limit) or removed
+/// (a caller's `flightlock*` entries) is logged as a warning on the current span.
+pub(super) fn hand_over(headers: &mut HeaderMap, caller: &CallerContext, handover: &Handover) {
+    let merged = caller.merge(handover);
+    if merged.removed > 0 {
+        tracing::warn!(
+            removed = merged.removed,
+            "the caller's client context had `custom` entries named flightlock*; \
+             they were removed (those names are flightlock's)"
+        );
+    }
+    if !merged.omitted.is_empty() {
+        tracing::warn!(
+            omitted = ?merged.omitted,
+            "the caller's client context leaves too little room within the Invoke \
+             API's 3583-byte limit: these entries are not in the handler's client context"
+        );
+    }
+    match HeaderValue::from_bytes(merged.value.as_bytes()) {
+        Ok(v) => {
+            headers.insert(CLIENT_CONTEXT_HEADER, v);
         }
-        Merged::Unchanged(why) => tracing::warn!(
-            reason = %why,
-            "the handler gets no flightlock entries in its client context; the caller's is \
-             passed on unchanged"
-        ),
+        // Unreachable for text `merge` writes (names ASCII-escaped, the caller's values were a
+        // header's bytes), but never hand on the caller's header: send none.
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                "the merged client context is not a valid header value; the handler gets no \
+                 client context"
+            );
+            headers.remove(CLIENT_CONTEXT_HEADER);
+        }
     }
 }
 
@@ -65,6 +69,13 @@ mod tests {
         }
     }
 
+    fn handed(headers: &mut HeaderMap) -> Result<serde_json::Value, Unreadable> {
+        let caller = caller(headers)?;
+        hand_over(headers, &caller, &ours());
+        assert_eq!(headers.get_all(CLIENT_CONTEXT_HEADER).iter().count(), 1);
+        Ok(serde_json::from_slice(headers[CLIENT_CONTEXT_HEADER].as_bytes()).unwrap())
+    }
+
     #[test]
     fn the_header_is_added_or_replaced_and_other_headers_stay() {
         let mut headers = HeaderMap::new();
@@ -72,29 +83,35 @@ mod tests {
             "Lambda-Runtime-Aws-Request-Id",
             HeaderValue::from_static("r1"),
         );
-        hand_over(&mut headers, &ours());
-        let v: serde_json::Value =
-            serde_json::from_slice(headers[CLIENT_CONTEXT_HEADER].as_bytes()).unwrap();
+        let v = handed(&mut headers).unwrap();
         assert_eq!(v["custom"]["flightlockTicket"], "7");
         assert_eq!(headers["Lambda-Runtime-Aws-Request-Id"], "r1");
 
         headers.insert(
             CLIENT_CONTEXT_HEADER,
-            HeaderValue::from_static(r#"{"env":{"a":"b"}}"#),
+            HeaderValue::from_static(r#"{"env":{"a":"b"},"custom":{"flightlockTick":"t"}}"#),
         );
-        hand_over(&mut headers, &ours());
-        assert_eq!(headers.get_all(CLIENT_CONTEXT_HEADER).iter().count(), 1);
-        let v: serde_json::Value =
-            serde_json::from_slice(headers[CLIENT_CONTEXT_HEADER].as_bytes()).unwrap();
+        let v = handed(&mut headers).unwrap();
         assert_eq!(v["env"]["a"], "b");
         assert_eq!(v["custom"]["flightlockKey"], "k");
+        assert!(v["custom"].get("flightlockTick").is_none(), "{v}");
     }
 
     #[test]
-    fn a_caller_context_that_is_not_json_is_passed_on_as_it_came() {
+    fn a_context_that_cannot_be_read_with_certainty_is_refused() {
         let mut headers = HeaderMap::new();
         headers.insert(CLIENT_CONTEXT_HEADER, HeaderValue::from_static("not json"));
-        hand_over(&mut headers, &ours());
-        assert_eq!(headers[CLIENT_CONTEXT_HEADER], "not json");
+        assert!(matches!(
+            handed(&mut headers),
+            Err(Unreadable::NotAnObject(_))
+        ));
+        // Two headers: which one a runtime client reads is not ours to guess.
+        let mut headers = HeaderMap::new();
+        headers.append(CLIENT_CONTEXT_HEADER, HeaderValue::from_static("{}"));
+        headers.append(
+            CLIENT_CONTEXT_HEADER,
+            HeaderValue::from_static(r#"{"custom":{"flightlockTicket":"9"}}"#),
+        );
+        assert_eq!(handed(&mut headers), Err(Unreadable::Repeated));
     }
 }

@@ -155,6 +155,26 @@ impl Proxy {
                     continue;
                 }
             };
+            // Before the lock is taken: a caller's client context that cannot be read with
+            // certainty fails the invocation, so no entry it forged can reach the handler.
+            let caller = match super::context::caller(&rparts.headers) {
+                Ok(caller) => caller,
+                Err(why) => {
+                    let message = format!(
+                        "flightlock refused the invocation's client context: {why}; it cannot \
+                         remove the caller's flightlock* entries from it with certainty"
+                    );
+                    async {
+                        tracing::warn!(reason = %why, "refused the invocation's client context; failing the invocation");
+                        self.answer(&id, Some(CONTEXT_ERROR_TYPE), &error_body(CONTEXT_ERROR_TYPE, &message))
+                            .await;
+                    }
+                    .instrument(span)
+                    .await;
+                    slot.mark_done();
+                    continue;
+                }
+            };
             let deadline = rparts
                 .headers
                 .get(DEADLINE_HEADER)
@@ -185,7 +205,9 @@ impl Proxy {
                 slot.set_runtime(self.runtime_process().await);
                 // The one change to the event: the handler's client context gets its lock.
                 let mut rparts = rparts;
-                span.in_scope(|| super::context::hand_over(&mut rparts.headers, &handover));
+                span.in_scope(|| {
+                    super::context::hand_over(&mut rparts.headers, &caller, &handover)
+                });
                 return Ok(Response::from_parts(rparts, full(event)));
             }
         }

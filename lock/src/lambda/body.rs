@@ -26,6 +26,10 @@ pub const PERMITS_ERROR_TYPE: &str = "FlightlockPermitsMismatch";
 /// `errorType` when the extension could not read an event from the Runtime API: the invocation
 /// is failed rather than handed to the runtime unlocked or incomplete.
 pub const EVENT_ERROR_TYPE: &str = "FlightlockEventError";
+/// `errorType` when the invocation's client context cannot be read with certainty
+/// ([`crate::lambda::client_context::Unreadable`]): the invocation fails before the lock is
+/// taken, whatever `FLIGHTLOCK_ON_BUSY` says, so no entry a caller forged can reach the handler.
+pub const CONTEXT_ERROR_TYPE: &str = "FlightlockClientContextInvalid";
 
 /// Replaces ARNs (`arn:...`) and 12-digit AWS account ids in `message` with `<arn>` and
 /// `<account-id>`, for error bodies returned to callers: AWS error messages (access denied, ...)

@@ -18,23 +18,43 @@
 //! | [`TICK`] `flightlockTick` | the invocation's tick (RFC 3339 or an id), only when it has one |
 //! | [`KEY`] `flightlockKey` | the lock key |
 //!
-//! [`merge`] adds them to the caller's client context (the Invoke API's `ClientContext`)
-//! without changing anything else of it: `client`, `env` and the caller's own `custom` entries
-//! keep their exact JSON text. Names starting with [`PREFIX`] are flightlock's: a caller's
-//! entries of that name are removed, so a handler never reads a token it was sent by a caller.
+//! **A caller cannot forge them.** Names starting with [`PREFIX`] are flightlock's. The caller's
+//! context (the Invoke API's `ClientContext`) is first [`read`] strictly, and the handler only
+//! ever gets the context [`CallerContext::merge`] writes anew from what was read — never the
+//! caller's bytes — with the caller's reserved entries removed and ours added. Strictly means:
+//! one header, UTF-8, one JSON object (`serde_json`, which refuses lone surrogates, control
+//! characters, numbers beyond f64 and nesting deeper than 128), no name twice at the top level or in `custom`, and a
+//! `custom` that is an object, `null` or absent. Whatever fails that is [`Unreadable`]: parsers
+//! differ exactly there (Node.js and Python accept a lone surrogate `serde_json` refuses; one
+//! parser keeps the first of two equal names, another the last), so the extension could not know
+//! what the caller meant or the handler would read, and it fails the invocation before taking the
+//! lock, with `errorType` [`crate::lambda::body::CONTEXT_ERROR_TYPE`], rather than drop the
+//! caller's context unannounced or hand it on unchecked. (Writing anew is what keeps forged
+//! entries out: a name given twice is refused so that no caller's entry is lost unannounced.) Contexts the Invoke API's callers actually send
+//! (the AWS SDKs' `ClientContext`, a JSON object of `client`, `custom` and `env`) are never
+//! refused.
+//!
+//! The merge keeps everything else of the caller's context: `client`, `env` and the caller's own
+//! `custom` entries keep their exact JSON text; names are written again with ASCII escapes.
 //!
 //! **Size.** The Invoke API takes at most [`INVOKE_CLIENT_CONTEXT_MAX`] bytes of base64
-//! `ClientContext`, that is [`MAX_JSON`] bytes of JSON. The merged context stays within that:
-//! if the caller's context leaves too little room, entries are left out from the end of the
-//! table above (the key first, the ticket last) and the caller learns which from
-//! [`Merged::Header::omitted`]. A context that is not a JSON object (or whose `custom` is not
-//! an object) is passed on unchanged without entries: the runtime clients fail such an
-//! invocation themselves while parsing it.
+//! `ClientContext`, that is [`MAX_JSON`] bytes of JSON. The merged context stays within that
+//! where it can: if the caller's context leaves too little room, entries are left out from the
+//! end of the table above (the key first, the ticket last) and the caller learns which from
+//! [`Merged::omitted`]. A caller's context that fills the limit itself is still written anew,
+//! without its reserved entries and without ours.
+//!
+//! The in-process layer gets the context already parsed by `lambda_runtime` (with `serde_json`,
+//! last of two equal names kept; a header it cannot parse fails the invocation before the layer
+//! runs), and the handler gets that same parsed map: [`Handover::apply`] removes the reserved
+//! entries from it and adds ours.
 //!
 //! Pure: no I/O.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The Runtime API header carrying the client context.
@@ -89,8 +109,8 @@ impl Handover {
         entries
     }
 
-    /// Puts the entries into an already parsed `custom` map (the in-process layer), replacing
-    /// any reserved entries a caller sent.
+    /// Puts the entries into an already parsed `custom` map (the in-process layer), removing
+    /// every reserved entry a caller sent, also those of names this invocation does not write.
     pub fn apply(&self, custom: &mut HashMap<String, String>) {
         custom.retain(|k, _| !k.starts_with(PREFIX));
         for (name, value) in self.entries() {
@@ -99,116 +119,212 @@ impl Handover {
     }
 }
 
-/// Why a client context was passed on unchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unchanged {
-    /// It is not a JSON object (or not UTF-8).
-    NotAnObject,
+/// Why a caller's client context cannot be read with certainty (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The header came more than once.
+    Repeated,
+    /// It is not one JSON object in UTF-8 (the parser's words).
+    NotAnObject(String),
+    /// A name appears twice at the top level or in `custom`.
+    DuplicateName(String),
     /// Its `custom` is neither an object nor `null`.
     CustomNotAnObject,
-    /// It already uses the whole size limit: not one entry fits.
-    NoRoom,
 }
 
-impl std::fmt::Display for Unchanged {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Unchanged::NotAnObject => "the client context is not a JSON object",
-            Unchanged::CustomNotAnObject => "the client context's `custom` is not a JSON object",
-            Unchanged::NoRoom => "the client context leaves no room within the Invoke API's limit",
-        })
+impl fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unreadable::Repeated => f.write_str("the client context header came more than once"),
+            Unreadable::NotAnObject(why) => {
+                write!(
+                    f,
+                    "the client context is not one JSON object in UTF-8 ({why})"
+                )
+            }
+            Unreadable::DuplicateName(name) => write!(
+                f,
+                "the client context names {} twice, which JSON parsers read differently",
+                ascii_json_string(name)
+            ),
+            Unreadable::CustomNotAnObject => {
+                f.write_str("the client context's `custom` is not a JSON object")
+            }
+        }
     }
 }
 
-/// The result of [`merge`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Merged {
-    /// Send this header value (JSON text).
-    Header {
-        /// The merged client context.
-        value: String,
-        /// Entries left out for lack of room, in the order they were dropped.
-        omitted: Vec<&'static str>,
-        /// Entries with a reserved name the caller sent, removed.
-        removed: usize,
-    },
-    /// Keep the caller's header as it is (or send none if there was none).
-    Unchanged(Unchanged),
+impl std::error::Error for Unreadable {}
+
+/// A JSON object's members, each value's text as it came, refusing a name given twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Object(BTreeMap<String, Box<str>>);
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = Object;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+                let mut members = BTreeMap::new();
+                while let Some((name, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                    if members.contains_key(&name) {
+                        return Err(serde::de::Error::custom(Duplicate(name)));
+                    }
+                    members.insert(name, Box::<str>::from(value));
+                }
+                Ok(Object(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
 }
 
-type Object = BTreeMap<String, Box<RawValue>>;
+/// The marker a duplicate name's parse error carries (recognised in [`parse_object`]).
+struct Duplicate(String);
 
-/// Merges `ours` into the caller's client context `caller` (the header's bytes; `None` or empty:
-/// there was none). See the module docs.
-pub fn merge(caller: Option<&[u8]>, ours: &Handover) -> Merged {
-    let mut top: Object = match caller.filter(|b| !b.trim_ascii().is_empty()) {
-        None => Object::new(),
-        Some(bytes) => match serde_json::from_slice(bytes) {
-            Ok(o) => o,
-            Err(_) => return Merged::Unchanged(Unchanged::NotAnObject),
-        },
-    };
-    let mut custom: Object = match top.get("custom").map(|raw| raw.get().trim()) {
-        None | Some("null") => Object::new(),
-        Some(raw) => match serde_json::from_str(raw) {
-            Ok(o) => o,
-            Err(_) => return Merged::Unchanged(Unchanged::CustomNotAnObject),
-        },
-    };
-    let before = custom.len();
-    custom.retain(|k, _| !k.starts_with(PREFIX));
-    let removed = before - custom.len();
-    let mut entries = ours.entries();
-    let mut omitted = Vec::new();
-    loop {
-        let mut with = custom.clone();
-        for (name, value) in &entries {
-            let Ok(raw) = RawValue::from_string(ascii_json_string(value)) else {
-                return Merged::Unchanged(Unchanged::NotAnObject);
-            };
-            with.insert((*name).to_owned(), raw);
+impl fmt::Display for Duplicate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{DUPLICATE_MARK}{}", self.0)
+    }
+}
+
+const DUPLICATE_MARK: &str = "flightlock: duplicate name: ";
+
+fn parse_object(text: &str) -> Result<Object, Unreadable> {
+    serde_json::from_str(text).map_err(|e| {
+        let message = e.to_string();
+        match message
+            .strip_prefix(DUPLICATE_MARK)
+            .and_then(|rest| rest.rsplit_once(" at line "))
+        {
+            Some((name, _)) => Unreadable::DuplicateName(name.to_owned()),
+            None => Unreadable::NotAnObject(message),
         }
-        let Ok(raw) = RawValue::from_string(object_text(&with)) else {
-            return Merged::Unchanged(Unchanged::NotAnObject);
-        };
-        top.insert("custom".to_owned(), raw);
-        let value = object_text(&top);
-        if value.len() <= MAX_JSON {
-            if entries.is_empty() && removed == 0 {
-                return Merged::Unchanged(Unchanged::NoRoom);
-            }
-            return Merged::Header {
-                value,
-                omitted,
-                removed,
-            };
-        }
-        match entries.pop() {
-            Some((name, _)) => omitted.push(name),
-            // Not even without ours: the caller's own context is at the limit. Still send it
-            // without the reserved entries it carried, so no handler reads a forged token.
-            None if removed > 0 => {
-                return Merged::Header {
+    })
+}
+
+/// A caller's client context, read with certainty: what [`CallerContext::merge`] hands on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallerContext {
+    /// The top-level members other than `custom`.
+    top: Object,
+    /// `custom`'s members other than reserved ones.
+    custom: Object,
+    /// How many reserved entries the caller's `custom` carried.
+    removed: usize,
+}
+
+/// Reads the caller's client context: `headers` are the values of every
+/// [`CLIENT_CONTEXT_HEADER`] the event came with (none, or an empty one: there was none).
+pub fn read<'a>(headers: impl IntoIterator<Item = &'a [u8]>) -> Result<CallerContext, Unreadable> {
+    let mut headers = headers.into_iter();
+    let first = headers.next();
+    if headers.next().is_some() {
+        return Err(Unreadable::Repeated);
+    }
+    let Some(bytes) = first.filter(|b| !b.trim_ascii().is_empty()) else {
+        return Ok(CallerContext::default());
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| Unreadable::NotAnObject(e.to_string()))?;
+    // The whole text as `serde_json` reads a value: every string's escapes decoded (no lone
+    // surrogates), every number within f64, at most 128 levels deep. The members are then read
+    // again with their text kept, and no name twice.
+    serde_json::from_str::<serde_json::Value>(text)
+        .map_err(|e| Unreadable::NotAnObject(e.to_string()))?;
+    let mut top = parse_object(text)?;
+    let mut custom = match top.0.remove("custom") {
+        None => Object::default(),
+        Some(raw) if &*raw == "null" => Object::default(),
+        Some(raw) if !raw.starts_with('{') => return Err(Unreadable::CustomNotAnObject),
+        Some(raw) => parse_object(&raw)?,
+    };
+    let before = custom.0.len();
+    custom.0.retain(|name, _| !name.starts_with(PREFIX));
+    let removed = before - custom.0.len();
+    Ok(CallerContext {
+        top,
+        custom,
+        removed,
+    })
+}
+
+/// The result of [`CallerContext::merge`]: the header value the handler gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Merged {
+    /// The merged client context (JSON text, ASCII but for the caller's own values).
+    pub value: String,
+    /// Entries left out for lack of room, in the order they were dropped.
+    pub omitted: Vec<&'static str>,
+    /// Entries with a reserved name the caller sent, removed.
+    pub removed: usize,
+}
+
+impl CallerContext {
+    /// How many reserved entries the caller sent (they are never handed on).
+    pub fn removed(&self) -> usize {
+        self.removed
+    }
+
+    /// The caller's context with `ours` added, written anew (see the module docs).
+    pub fn merge(&self, ours: &Handover) -> Merged {
+        let mut entries: Vec<(&'static str, String)> = ours
+            .entries()
+            .into_iter()
+            .map(|(name, value)| (name, ascii_json_string(&value)))
+            .collect();
+        let mut omitted = Vec::new();
+        loop {
+            let value = self.text(&entries);
+            if value.len() <= MAX_JSON || entries.is_empty() {
+                return Merged {
                     value,
                     omitted,
-                    removed,
-                }
+                    removed: self.removed,
+                };
             }
-            None => return Merged::Unchanged(Unchanged::NoRoom),
+            if let Some((name, _)) = entries.pop() {
+                omitted.push(name);
+            }
         }
+    }
+
+    /// `{...,"custom":{...caller's, ...ours},...}` with the members in name order.
+    fn text(&self, ours: &[(&'static str, String)]) -> String {
+        let mut custom: BTreeMap<&str, &str> = self
+            .custom
+            .0
+            .iter()
+            .map(|(name, raw)| (name.as_str(), &**raw))
+            .collect();
+        for (name, value) in ours {
+            custom.insert(name, value);
+        }
+        let custom = object_text(custom);
+        let mut top: BTreeMap<&str, &str> = self
+            .top
+            .0
+            .iter()
+            .map(|(name, raw)| (name.as_str(), &**raw))
+            .collect();
+        top.insert("custom", &custom);
+        object_text(top)
     }
 }
 
 /// `{"name":value,...}` with each value's JSON text as it is and names ASCII-escaped.
-fn object_text(object: &Object) -> String {
+fn object_text(members: BTreeMap<&str, &str>) -> String {
     let mut out = String::from("{");
-    for (i, (name, value)) in object.iter().enumerate() {
+    for (i, (name, value)) in members.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         out.push_str(&ascii_json_string(name));
         out.push(':');
-        out.push_str(value.get());
+        out.push_str(value);
     }
     out.push('}');
     out

@@ -200,3 +200,56 @@ fn base64_matches_the_rfc_4648_vectors() {
         assert_eq!(base64(plain.as_bytes()), encoded);
     }
 }
+
+/// A caller's client context the extension cannot read with certainty fails the invocation with
+/// `FlightlockClientContextInvalid` before the lock is taken, and the handler never runs: above
+/// all the issue's case, a lone surrogate that `aws-lambda-ric` and `awslambdaric` read and
+/// `serde_json` does not, beside a forged `flightlockTicket`. A context written twice over the
+/// same name, or nested deeper than `serde_json` reads, likewise. The next, ordinary invocation
+/// runs with its own ticket.
+async fn unreadable_contexts_never_reach_the_handler(runtime: Runtime, name: &str) {
+    let (endpoint, table) = table(&format!("e2e_cc_{name}")).await;
+    let record = record_file(&format!("cc-{name}"));
+    let spec = Spec::layered(name, runtime);
+    let env = Env::start(name, &spec, &endpoint, &table, &record).await;
+    let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+    let hostile = [
+        r#"{"custom":{"\udc00":"","flightlockTicket":"999999999"}}"#.to_owned(),
+        r#"{"custom":{"flightlockTicket":"999999999"},"custom":{"a":"b"}}"#.to_owned(),
+        r#"{"custom":{"a":"b"},"custom":{"flightlockTicket":"999999999"}}"#.to_owned(),
+        format!(r#"{{"custom":{{"flightlockTicket":"999999999"}},"env":{deep}}}"#),
+    ];
+    for caller in &hostile {
+        let r = env
+            .invoke_with(
+                json!({"mode": "context"}).to_string(),
+                &[("X-Amz-Client-Context", base64(caller.as_bytes()).as_str())],
+            )
+            .await;
+        let body = String::from_utf8_lossy(&r.body).into_owned();
+        assert!(
+            !body.contains("999999999"),
+            "a forged token reached the handler: {body}\n{}",
+            env.log()
+        );
+        assert_eq!(
+            r.json()["errorType"],
+            "FlightlockClientContextInvalid",
+            "{caller}: {body}\n{}",
+            env.log()
+        );
+    }
+    let answer = env.invoke(json!({"mode": "context"})).await.json();
+    assert!(ticket_of(&answer) > 0, "{answer}");
+    finish(env, &record).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_unreadable_client_contexts_never_reach_the_handler() {
+    unreadable_contexts_never_reach_the_handler(Runtime::Node, "ccnodehostile").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_unreadable_client_contexts_never_reach_the_handler() {
+    unreadable_contexts_never_reach_the_handler(Runtime::Python, "ccpyhostile").await;
+}
