@@ -328,7 +328,8 @@ fn apply_replaces_reserved_entries_in_a_parsed_map() {
 #[derive(Debug)]
 enum Lenient {
     Object(Vec<(String, Lenient)>),
-    Array(Vec<Lenient>),
+    /// Its items are parsed (to find where it ends) and not kept: no reserved entry is in one.
+    Array,
     String(String),
     Other,
 }
@@ -379,15 +380,14 @@ impl LenientParser<'_> {
             }
             b'[' => {
                 self.at += 1;
-                let mut items = Vec::new();
                 if self.eat(b']').is_some() {
-                    return Some(Lenient::Array(items));
+                    return Some(Lenient::Array);
                 }
                 loop {
-                    items.push(self.value()?);
+                    self.value()?;
                     if self.eat(b',').is_none() {
                         self.eat(b']')?;
-                        return Some(Lenient::Array(items));
+                        return Some(Lenient::Array);
                     }
                 }
             }
