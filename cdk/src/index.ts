@@ -412,7 +412,13 @@ export class Flightlock extends Construct {
     }
 
     const variables = settingsOf(at, options);
-    const key = variables.FLIGHTLOCK_KEY;
+    const existing = environmentOf(fn);
+    for (const name of Object.keys(existing)) {
+      if (name.startsWith('FLIGHTLOCK_') && !FUNCTION_VARIABLES.includes(name)) {
+        throw new Error(`${at}: its environment has ${name}, which the extension does not read (it would fail init)`);
+      }
+    }
+    const key = variables.FLIGHTLOCK_KEY ?? existing.FLIGHTLOCK_KEY;
     if (this.props.keyPrefix !== undefined) {
       if (key === undefined) {
         throw new Error(`${at}: keyPrefix '${this.props.keyPrefix}' allows only keys under it, and the default key (the function name) is not: set key`);
@@ -422,7 +428,6 @@ export class Flightlock extends Construct {
       }
     }
 
-    const existing = environmentOf(fn);
     for (const name of ['FLIGHTLOCK_TABLE', ...Object.keys(variables)]) {
       if (name in existing) throw new Error(`${at}: already sets ${name}`);
     }

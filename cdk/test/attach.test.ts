@@ -167,6 +167,9 @@ test('attach: names the extension does not read, and settings given twice, are r
   assert.throws(() => locks.attach(fn, { lease: Duration.millis(50) }), /at least 100 ms/);
   assert.throws(() => locks.attach(fn, { onBusy: 'drop' as any }), /'skip' or 'error'/);
   assert.throws(() => locks.attach(fn, { key: '' }), /key is empty/);
+  const typo = pythonFunction(stack, 'Typo');
+  typo.addEnvironment('FLIGHTLOCK_WIAT', '10s');
+  assert.throws(() => locks.attach(typo), /its environment has FLIGHTLOCK_WIAT/);
   // Nothing was added by the refused attempts: a valid attach still goes through, once.
   locks.attach(fn);
   assert.throws(() => locks.attach(fn), /already attached/);
@@ -183,6 +186,13 @@ test('attach: keyPrefix puts the LeadingKeys condition on the policy and require
   assert.throws(() => locks.attach(pythonFunction(stack, 'NoKey')), /default key \(the function name\) is not/);
   assert.throws(() => locks.attach(pythonFunction(stack, 'Outside'), { key: 'reports/nightly' }), /does not start with keyPrefix/);
   locks.attach(pythonFunction(stack, 'Inside'), { key: 'billing/nightly' });
+  // A key the function's environment already has counts, inside the prefix or not.
+  const preset = pythonFunction(stack, 'Preset');
+  preset.addEnvironment('FLIGHTLOCK_KEY', 'billing/preset');
+  locks.attach(preset);
+  const presetOutside = pythonFunction(stack, 'PresetOutside');
+  presetOutside.addEnvironment('FLIGHTLOCK_KEY', 'reports/x');
+  assert.throws(() => locks.attach(presetOutside), /does not start with keyPrefix/);
   const t = synth(stack, 'attach-prefix');
   const [statement] = roleStatements(t, 'Inside').filter((s) => JSON.stringify(s.Action).includes('dynamodb:'));
   assert.deepEqual(statement.Condition, { 'ForAllValues:StringLike': { 'dynamodb:LeadingKeys': ['billing/*'] } });
