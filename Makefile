@@ -4,6 +4,8 @@
 #                         (arm64 is skipped, with the reason, if its Rust target cannot be added)
 #   make layer-x86_64     the x86_64 zip only
 #   make layer-arm64      the arm64 zip only
+#   make cleanup-arm64    the cleanup function for the CDK construct (cdk/), likewise cleanup-x86_64:
+#                         target/lambda/<arch>/flightlock-cleanup/bootstrap
 #
 # SAM (`BuildMethod: makefile`, ContentUri: extension/layer, the Makefile found through
 # `ContextPath: .`) calls build-FlightlockLayerX86 and
@@ -22,7 +24,7 @@ WRAPPER := $(ROOT)/extension/layer/flightlock-wrapper
 CARGO_LAMBDA_BIN = $(shell $(ROOT)/scripts/install-cargo-lambda)
 
 .PHONY: layer layer-x86_64 layer-arm64 extension-x86_64 extension-arm64 \
-	build-FlightlockLayerX86 build-FlightlockLayerArm64 clean-layer
+	build-FlightlockLayerX86 build-FlightlockLayerArm64 clean-layer cleanup-x86_64 cleanup-arm64
 
 layer: layer-x86_64
 	@$(MAKE) --no-print-directory -f $(ROOT)/Makefile layer-arm64 || \
@@ -41,6 +43,18 @@ extension-arm64:
 		exit 1; }
 	cd $(ROOT) && PATH="$(CARGO_LAMBDA_BIN):$$PATH" cargo lambda build --release --extension \
 		-p flightlock-extension --bin flightlock-extension --arm64 --lambda-dir $(LAMBDA_DIR)/arm64
+
+# --- the cleanup function, per architecture (the CDK construct takes it as lambda.Code) -----------
+
+cleanup-x86_64:
+	cd $(ROOT) && PATH="$(CARGO_LAMBDA_BIN):$$PATH" cargo lambda build --release \
+		-p flightlock-cleanup --bin flightlock-cleanup --x86-64 --lambda-dir $(LAMBDA_DIR)/x86_64
+
+cleanup-arm64:
+	@rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu || \
+		rustup target add aarch64-unknown-linux-gnu
+	cd $(ROOT) && PATH="$(CARGO_LAMBDA_BIN):$$PATH" cargo lambda build --release \
+		-p flightlock-cleanup --bin flightlock-cleanup --arm64 --lambda-dir $(LAMBDA_DIR)/arm64
 
 # --- layer zips ----------------------------------------------------------------------------------
 
