@@ -290,6 +290,8 @@ mod links;
 #[cfg(test)]
 mod lists;
 #[cfg(test)]
+mod msrv;
+#[cfg(test)]
 mod params;
 #[cfg(test)]
 mod tests;
