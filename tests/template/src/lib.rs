@@ -284,6 +284,8 @@ pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
 
 pub mod dashboard;
 #[cfg(test)]
+mod deploy;
+#[cfg(test)]
 mod docs;
 #[cfg(test)]
 mod links;
