@@ -496,3 +496,27 @@ fn every_documented_attach_snippet_is_a_form_the_consumer_stack_validates() {
     }
     assert!(seen >= 6, "only {seen} attach values in the docs");
 }
+
+#[test]
+fn the_partial_builds_the_page_gives_are_the_ones_check_sam_build_runs() {
+    let doc = read(PAGE);
+    let script = read("scripts/check-sam-build");
+    let mut builds = 0;
+    for line in doc.lines() {
+        let Some(args) = line.strip_prefix("scripts/sam build --exclude") else {
+            continue;
+        };
+        builds += 1;
+        let args = format!("--exclude{args}");
+        let part = if args.contains("CleanupFunction") {
+            "layer"
+        } else {
+            "table"
+        };
+        assert!(
+            script.contains(&format!("\npart_build {part} {args}")),
+            "{PAGE}: `scripts/sam build {args}` is not what scripts/check-sam-build builds for the {part} part"
+        );
+    }
+    assert_eq!(builds, 2, "{PAGE}: the layer's and the table's builds");
+}
