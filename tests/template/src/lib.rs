@@ -284,11 +284,15 @@ pub fn alarm_metric(alarm: &Value) -> Result<(String, String), String> {
 
 pub mod dashboard;
 #[cfg(test)]
+mod deploy;
+#[cfg(test)]
 mod docs;
 #[cfg(test)]
 mod links;
 #[cfg(test)]
 mod lists;
+#[cfg(test)]
+mod msrv;
 #[cfg(test)]
 mod params;
 #[cfg(test)]

@@ -230,7 +230,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -268,7 +268,7 @@ fn the_simulations_schedule_counts_are_the_tests() {
 }
 
 /// The fenced code blocks of a Markdown text: (language, body, the line after the fence).
-fn code_blocks(text: &str) -> Vec<(String, String, usize)> {
+pub(crate) fn code_blocks(text: &str) -> Vec<(String, String, usize)> {
     let lines: Vec<&str> = text.lines().collect();
     let mut blocks = Vec::new();
     let mut i = 0;
@@ -436,6 +436,8 @@ fn the_attach_snippets_use_the_templates_outputs() {
                 for (k, v) in vars.as_mapping().unwrap() {
                     let name = k.as_str().unwrap();
                     let value = match v {
+                        // An SSM parameter the stack writes: the table's name.
+                        Value::String(s) if s.starts_with("{{resolve:ssm:") => "locks".to_owned(),
                         Value::String(s) => s.clone(),
                         Value::Tagged(_) => "locks".to_owned(), // an import: the table's name
                         other => panic!("{at}: {name}: {other:?}"),

@@ -117,13 +117,24 @@ fn example_jobs_are_off_unless_asked_for() {
         t["Parameters"]["ExampleJobs"]["Default"].as_str(),
         Some("false")
     );
+    // ExampleJobs=true, and only with both parts (Deploy=all): the jobs use the layer and the
+    // table.
     let condition = &t["Conditions"]["CreateExampleJobs"];
-    assert!(
-        matches!(condition, Value::Tagged(tv) if tv.tag == "Equals"
-            && ref_name(&tv.value[0]) == Some("ExampleJobs")
-            && tv.value[1].as_str() == Some("true")),
-        "{condition:?}"
-    );
+    let Value::Tagged(and) = condition else {
+        panic!("{condition:?}")
+    };
+    assert_eq!(and.tag, "And", "{condition:?}");
+    for (i, (param, value)) in [("ExampleJobs", "true"), ("Deploy", "all")]
+        .into_iter()
+        .enumerate()
+    {
+        assert!(
+            matches!(&and.value[i], Value::Tagged(tv) if tv.tag == "Equals"
+                && ref_name(&tv.value[0]) == Some(param)
+                && tv.value[1].as_str() == Some(value)),
+            "{condition:?}"
+        );
+    }
     for job in ["DemoPythonJob", "DemoRustJob"] {
         assert_eq!(
             t["Resources"][job]["Condition"].as_str(),
@@ -400,19 +411,7 @@ fn layers_and_functions_carry_build_metadata_and_their_code_exists() {
     }
 }
 
-#[test]
-fn every_output_is_exported_under_the_stack_name() {
-    let t = template();
-    for (name, output) in t["Outputs"].as_mapping().unwrap() {
-        let name = name.as_str().unwrap();
-        let export = &output["Export"]["Name"];
-        assert!(
-            matches!(export, Value::Tagged(s) if s.tag == "Sub"
-                && s.value.as_str() == Some(format!("${{AWS::StackName}}-{name}").as_str())),
-            "output {name}: export {export:?}"
-        );
-    }
-}
+// Which outputs are exported: deploy.rs (`only_values_no_upgrade_changes_are_exported`).
 
 #[test]
 fn alarms_watch_metrics_the_code_emits_and_notify_the_optional_topic() {

@@ -65,10 +65,20 @@ fn the_dashboard_is_optional_and_on_by_default() {
         Some("true")
     );
     let cond = &t["Conditions"]["CreateDashboard"];
+    // Dashboard=true, and only with the table's part (Deploy): its sweep widget reads the table.
+    let Value::Tagged(and) = cond else {
+        panic!("{cond:?}")
+    };
+    assert_eq!(and.tag, "And", "{cond:?}");
     assert!(
-        matches!(cond, Value::Tagged(e) if e.tag == "Equals"
+        matches!(&and.value[0], Value::Tagged(e) if e.tag == "Equals"
             && crate::ref_name(&e.value[0]) == Some("Dashboard")
             && e.value[1].as_str() == Some("true")),
+        "{cond:?}"
+    );
+    assert!(
+        matches!(&and.value[1], Value::Tagged(e) if e.tag == "Condition"
+            && e.value.as_str() == Some("DeployTable")),
         "{cond:?}"
     );
 }
