@@ -1,4 +1,4 @@
-// The commit a build is from, shared by the build scripts of `flightlock` (lock/build.rs) and
+// The commit a build is from, shared by the build scripts of `flightlock-cli` (cli/build.rs) and
 // `flightlock-extension` (extension/build.rs, which includes this file). Never fails the build:
 // where no commit can be known, the answer is "unknown".
 //

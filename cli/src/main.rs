@@ -161,22 +161,15 @@ pub struct LockArgs {
     permits: u32,
 }
 
-/// `--permits`, `permits --set`: 1 up to [`flightlock::MAX_PERMITS`], digits only, as
-/// `FLIGHTLOCK_PERMITS` in Lambda.
+/// `--permits`, `permits --set`: [`flightlock::options::parse_permits`], as `FLIGHTLOCK_PERMITS`
+/// in Lambda.
 pub fn parse_permits(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    match t.parse::<u32>() {
-        Ok(p)
-            if (1..=flightlock::MAX_PERMITS).contains(&p)
-                && t.bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            Ok(p)
-        }
-        _ => Err(format!(
+    flightlock::options::parse_permits(s.trim()).map_err(|_| {
+        format!(
             "{s:?} is not a number of permits; use {}",
-            flightlock::lambda::config::PERMITS_FORMS
-        )),
-    }
+            flightlock::options::PERMITS_FORMS
+        )
+    })
 }
 
 impl LockArgs {

@@ -72,7 +72,7 @@ fn parse_tick(s: &str) -> Result<String, String> {
 struct StaleAfter(Option<Duration>);
 
 fn parse_stale_after(s: &str) -> Result<StaleAfter, String> {
-    flightlock::lambda::tick::parse_stale_after(s).map(StaleAfter)
+    flightlock::tick::parse_stale_after(s).map(StaleAfter)
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -93,7 +93,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             );
             return Ok(ExitCode::from(EXIT_USAGE));
         };
-        let age = flightlock::lambda::tick::age(*at, std::time::SystemTime::now());
+        let age = flightlock::tick::age(*at, std::time::SystemTime::now());
         if age > bound {
             eprintln!(
                 "flightlock: tick {once} is stale ({}s old, --stale-after {}): not run",

@@ -1,10 +1,50 @@
 //! The CLI around permits: `flightlock permits --set N` (what it prints, its JSON, its exit
 //! statuses), `run --permits` / `FLIGHTLOCK_PERMITS` (exit 78 on a mismatch) and `status`
-//! (holders and waiters against the key's permits).
+//! (holders and waiters against the key's permits). Each test has its own table. Run through
+//! `scripts/dynamodb-local run -- cargo test -p flightlock-cli --test permits`.
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
-use super::*;
+use aws_sdk_dynamodb::Client;
+use flightlock::permits::{set_permits, Change, PermitsError};
+use flightlock::{LockOptions, Locker, Wait};
+
+const POLL: Duration = Duration::from_millis(50);
+
+struct Env {
+    endpoint: String,
+    client: Client,
+    table: String,
+    locker: Locker,
+}
+
+async fn env(name: &str) -> Env {
+    let t = flightlock_testkit::fresh_table(name).await;
+    Env {
+        endpoint: t.endpoint,
+        locker: Locker::new(t.client.clone(), &t.table),
+        client: t.client,
+        table: t.table,
+    }
+}
+
+fn opts(permits: u32) -> LockOptions {
+    LockOptions {
+        wait: Wait::NoWait,
+        permits,
+        ..LockOptions::default()
+    }
+}
+
+impl Env {
+    async fn set(&self, key: &str, n: u32, wait: Duration) -> Result<Change, PermitsError> {
+        let done = set_permits(&self.client, &self.table, key, n, wait, POLL).await?;
+        assert_eq!((done.key.as_str(), done.permits), (key, n));
+        Ok(done.change)
+    }
+}
 
 fn cli(e: &Env, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_flightlock"));

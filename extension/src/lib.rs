@@ -27,7 +27,7 @@
 //! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
 //! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
-//! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::lambda::config`]; user docs, the skip and
+//! Configuration is the `FLIGHTLOCK_*` table in [`flightlock_lambda::config`]; user docs, the skip and
 //! error bodies and the metric names are in the guide (`docs/src/reference/responses.md`,
 //! `docs/src/reference/metrics.md`).
 

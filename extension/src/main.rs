@@ -7,8 +7,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightlock::lambda::config::{self, Config};
-use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use flightlock_extension::extensions_api::{ApiError, ExtensionsApi};
 use flightlock_extension::invocations::{Invocations, FORGET_AFTER};
@@ -16,6 +14,8 @@ use flightlock_extension::lifecycle;
 use flightlock_extension::mode::{self, Mode};
 use flightlock_extension::proxy::{self, Proxy};
 use flightlock_extension::{build_info, otel, telemetry, wrapper_check};
+use flightlock_lambda::config::{self, Config};
+use flightlock_lambda::gate::Gate;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 

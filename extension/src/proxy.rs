@@ -31,10 +31,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::lambda::body::{error_body, EVENT_ERROR_TYPE};
-use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::{Gate, Run};
 use flightlock::Locker;
+use flightlock_lambda::body::{error_body, EVENT_ERROR_TYPE};
+use flightlock_lambda::config::Config;
+use flightlock_lambda::gate::{Gate, Run};
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
@@ -64,7 +64,7 @@ mod gate;
 mod handover;
 mod next;
 
-pub use flightlock::lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+pub use flightlock_lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use handover::Conn;
 pub use next::usable_request_id;
 use next::Fetched;
@@ -222,7 +222,7 @@ impl Proxy {
     /// connections) and a new host id (see the module docs). Invocations already holding a lock
     /// keep theirs; there are none at a restore, which comes before the first invocation.
     pub fn renew_after_restore(&self) {
-        let host = flightlock::lambda::gate::host_id();
+        let host = flightlock_lambda::gate::host_id();
         let mut gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
         *gate = gate.renewed(host.clone());
         tracing::info!(%host, "restored from a snapshot: new DynamoDB client and host id");

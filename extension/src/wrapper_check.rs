@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use flightlock::lambda::config::{Config, WRAPPER_CHECK};
+use flightlock_lambda::config::{Config, WRAPPER_CHECK};
 
 /// Lambda's variable naming a managed runtime.
 pub const EXECUTION_ENV: &str = "AWS_EXECUTION_ENV";

@@ -2,7 +2,7 @@
 //! flightlock's invocation errors, the Runtime API's error body, the skip body, and the
 //! redaction that keeps AWS ids out of them. Pure.
 
-use crate::error::HeldBy;
+use flightlock::error::HeldBy;
 
 /// `errorType` of the invocation error posted when the key is busy and `FLIGHTLOCK_ON_BUSY=error`.
 pub const BUSY_ERROR_TYPE: &str = "FlightlockBusy";
@@ -15,11 +15,11 @@ pub const TICK_ERROR_TYPE: &str = "FlightlockTickError";
 /// `errorType` when the lock could not be taken for another reason (DynamoDB unreachable, ...).
 pub const LOCK_ERROR_TYPE: &str = "FlightlockLockError";
 /// `errorType` when the key runs a newer flightlock protocol than this layer speaks (see
-/// [`crate::PROTOCOL`]): the invocation fails whatever `FLIGHTLOCK_ON_BUSY` says, so Lambda's
+/// [`flightlock::PROTOCOL`]): the invocation fails whatever `FLIGHTLOCK_ON_BUSY` says, so Lambda's
 /// retries apply once every participant is upgraded. Never a skip.
 pub const PROTOCOL_ERROR_TYPE: &str = "FlightlockProtocolTooNew";
 /// `errorType` when the key allows a different number of holders at a time than this layer's
-/// `FLIGHTLOCK_PERMITS` ([`crate::Error::PermitsMismatch`]): the invocation fails whatever
+/// `FLIGHTLOCK_PERMITS` ([`flightlock::Error::PermitsMismatch`]): the invocation fails whatever
 /// `FLIGHTLOCK_ON_BUSY` says, so Lambda's retries apply once the function (or the key) is
 /// reconfigured. Never a skip.
 pub const PERMITS_ERROR_TYPE: &str = "FlightlockPermitsMismatch";
@@ -159,7 +159,7 @@ mod tests {
         let held = |ticket: u64, request: &str| HeldBy {
             ticket,
             owner: format!("o{ticket}"),
-            info: crate::HolderInfo {
+            info: flightlock::HolderInfo {
                 function: Some("f".into()),
                 request_id: Some(request.into()),
                 host: None,

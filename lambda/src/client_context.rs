@@ -70,7 +70,7 @@ pub struct Handover {
     pub waited_ms: u64,
     /// The tick, when the invocation has one.
     pub tick: Option<String>,
-    /// The key's permits ([`crate::LockOptions::permits`]): an entry only when more than 1.
+    /// The key's permits ([`flightlock::LockOptions::permits`]): an entry only when more than 1.
     pub permits: u32,
 }
 

@@ -15,11 +15,10 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::key::KeyTemplate;
-use super::tick::{parse_stale_after, TickSource, STALE_AFTER_FORMS, TICK_FORMS};
-use crate::options::{parse_duration, ClockSkew, LockOptions, Wait};
-use crate::schema::HolderInfo;
-
-pub use permits::PERMITS_FORMS;
+use super::tick::{TickSource, TICK_FORMS};
+use flightlock::options::{parse_duration, ClockSkew, LockOptions, Wait};
+use flightlock::schema::HolderInfo;
+use flightlock::tick::{parse_stale_after, STALE_AFTER_FORMS};
 
 mod permits;
 
@@ -314,8 +313,8 @@ impl Config {
         let switch = |name: &str, default: bool| -> Result<bool, ConfigError> {
             match get(name) {
                 None => Ok(default),
-                Some(v) => crate::options::parse_switch(&v)
-                    .map_err(|_| err(name, &v, "not a switch", crate::options::SWITCH_FORMS)),
+                Some(v) => flightlock::options::parse_switch(&v)
+                    .map_err(|_| err(name, &v, "not a switch", flightlock::options::SWITCH_FORMS)),
             }
         };
         let metrics = switch(METRICS, true)?;
@@ -388,10 +387,10 @@ impl Config {
             .validate()
             .map_err(|e| {
                 let variable = match &e {
-                    crate::Error::InvalidOption {
+                    flightlock::Error::InvalidOption {
                         name: "heartbeat", ..
                     } => HEARTBEAT,
-                    crate::Error::InvalidOption {
+                    flightlock::Error::InvalidOption {
                         name: "clock skew", ..
                     } => CLOCK_SKEW,
                     _ => LEASE,

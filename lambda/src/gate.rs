@@ -1,5 +1,5 @@
 //! The gate: one decision per invocation, shared by the Lambda extension's proxy and the
-//! in-process tower layer ([`crate::lambda`]), with the same logs and the same EMF metrics
+//! in-process tower layer (`FlightlockLayer`, feature `layer`), with the same logs and the same EMF metrics
 //! ([`super::metrics`]).
 //!
 //! ```text
@@ -38,8 +38,8 @@ use super::body::{
 use super::client_context::Handover;
 use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
 use super::metrics::{Metric, Metrics};
-use super::tick::age;
-use crate::{Error, HolderInfo, LockGuard, LockOptions, Locker, ReleaseOutcome, Tick};
+use flightlock::tick::age;
+use flightlock::{Error, HolderInfo, LockGuard, LockOptions, Locker, ReleaseOutcome, Tick};
 
 mod budget;
 
@@ -74,7 +74,7 @@ impl Held {
         self.tick.as_ref()
     }
 
-    /// What the handler is told about its lock (see [`crate::lambda::client_context`]).
+    /// What the handler is told about its lock (see [`crate::client_context`]).
     pub fn handover(&self) -> Handover {
         Handover {
             ticket: self.guard.token(),
@@ -424,7 +424,7 @@ impl Gate {
 }
 
 /// Who this process is, for people reading a holder row: `hostname:pid#random`. The random
-/// part (from the OS, see [`crate::clock`]) tells apart copies of one process, which share
+/// part (from the OS, see [`flightlock::clock`]) tells apart copies of one process, which share
 /// hostname and pid: environments restored from one SnapStart snapshot. Read it after a restore,
 /// not before.
 pub fn host_id() -> String {
@@ -434,7 +434,7 @@ pub fn host_id() -> String {
     format!(
         "{host}:{}#{:06x}",
         std::process::id(),
-        crate::clock::os_random() & 0xff_ffff
+        flightlock::clock::os_random() & 0xff_ffff
     )
 }
 

@@ -6,7 +6,7 @@ use std::fmt;
 
 mod seek;
 
-use crate::schema::validate_key;
+use flightlock::schema::validate_key;
 use seek::Found;
 
 /// One piece of a [`KeyTemplate`].

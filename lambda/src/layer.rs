@@ -1,12 +1,12 @@
-//! The in-process path for Rust Lambda functions (cargo feature `lambda`): a tower layer around
+//! The in-process path for Rust Lambda functions (cargo feature `layer`): a tower layer around
 //! a `lambda_runtime` handler with the extension's semantics — acquire before the handler runs
 //! (within `min(wait, deadline - margin)`), heartbeat while it runs (never past the deadline plus
-//! [`LEASE_CAP_GRACE`](crate::lambda::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
+//! [`LEASE_CAP_GRACE`](crate::config::LEASE_CAP_GRACE)), release when it returns, and on a busy
 //! key skip (`{"flightlock":{"skipped":true,...}}`) or fail with `FlightlockBusy`. Once per tick:
 //! a handler that returns `Ok` marks the invocation's tick done, one that returns `Err` (or
 //! panics, or is stopped at the deadline) does not, so retries run it again; a duplicate of a
 //! done tick is answered with the skip body, reason `duplicate`. It reads the
-//! same `FLIGHTLOCK_*` variables as the extension ([`crate::lambda::config`]) and decides through the
+//! same `FLIGHTLOCK_*` variables as the extension ([`crate::config`]) and decides through the
 //! same [`Gate`] (same deadline bounds, logs and EMF metrics); `FLIGHTLOCK_PROXY_PORT`,
 //! `FLIGHTLOCK_UPSTREAM` and `FLIGHTLOCK_WRAPPER_CHECK` concern the extension only.
 //!
@@ -16,10 +16,10 @@
 //! - **Rust:** this layer, no extension needed:
 //!
 //! ```no_run
-//! # #[cfg(feature = "lambda")]
+//! # #[cfg(feature = "layer")]
 //! # async fn demo() -> Result<(), lambda_runtime::Error> {
 //! use lambda_runtime::{service_fn, LambdaEvent};
-//! use flightlock::lambda::FlightlockLayer;
+//! use flightlock_lambda::FlightlockLayer;
 //! use lambda_runtime::tower::ServiceBuilder;
 //!
 //! async fn job(event: LambdaEvent<serde_json::Value>) -> Result<serde_json::Value, lambda_runtime::Error> {
@@ -41,11 +41,11 @@
 //! `lambda_runtime::Runtime::register_snapstart_resource` and, after each restore, it swaps in
 //! a new DynamoDB client (the snapshot's pooled connections are not this environment's) and a
 //! new host id; clones share the renewed gate. Owner ids and record versions need nothing: they
-//! are drawn from the OS at each use ([`crate::clock`]).
+//! are drawn from the OS at each use ([`flightlock::clock`]).
 //!
 //! **The handler's ticket.** Before the handler runs, the layer puts the fencing token, the key,
 //! the time waited and the tick into the event's client context (`custom`, names starting with
-//! `flightlock`; [`crate::lambda::client_context`]), as the extension does for other runtimes;
+//! `flightlock`; [`crate::client_context`]), as the extension does for other runtimes;
 //! [`ticket`] reads the token back.
 //!
 //! **Tenant isolation.** `{tenant}` in the key template is filled from the context's
@@ -64,19 +64,19 @@ use lambda_runtime::{
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::lambda::body::KEY_ERROR_TYPE;
-use crate::lambda::client_context::TICKET;
-use crate::lambda::config::{Config, ConfigError};
-use crate::lambda::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
-use crate::Locker;
+use crate::body::KEY_ERROR_TYPE;
+use crate::client_context::TICKET;
+use crate::config::{Config, ConfigError};
+use crate::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use flightlock::Locker;
 
 /// The fencing token the layer handed to this invocation's handler: `flightlockTicket` in the
-/// client context's `custom` (see [`crate::lambda::client_context`] for the other entries).
+/// client context's `custom` (see [`crate::client_context`] for the other entries).
 /// `None` for a handler not behind the layer.
 ///
 /// ```no_run
 /// # async fn job(event: lambda_runtime::LambdaEvent<serde_json::Value>) {
-/// let token = flightlock::lambda::ticket(&event.context);
+/// let token = flightlock_lambda::ticket(&event.context);
 /// # }
 /// ```
 pub fn ticket(context: &LambdaContext) -> Option<u64> {
@@ -277,7 +277,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lambda::body::{skipped_body, SkipReason};
+    use crate::body::{skipped_body, SkipReason};
 
     #[test]
     fn gated_serializes_transparently() {

@@ -1,6 +1,6 @@
 //! The tick of an invocation (`FLIGHTLOCK_TICK`): which scheduled run an event is, so a run that
 //! succeeded is never run again for a duplicate or a retry of the same event (see
-//! [`crate::tick`] for what the lock does with it). Pure: found in the raw event bytes by a
+//! [`flightlock::tick`] for what the lock does with it). Pure: found in the raw event bytes by a
 //! streaming walk, like the key ([`super::key`]).
 //!
 //! - `auto` (the default): an EventBridge scheduled event (`source` = `aws.events` and
@@ -16,18 +16,16 @@
 //!   else an id ([`Tick::Id`]). A template that does not match the event is a [`TickError`]:
 //!   nothing runs.
 //!
-//! `FLIGHTLOCK_STALE_AFTER` ([`parse_stale_after`], [`age`]) drops an ordered tick older than a
-//! bound; the gate decides it before touching the table.
+//! `FLIGHTLOCK_STALE_AFTER` ([`flightlock::tick::parse_stale_after`], [`flightlock::tick::age`])
+//! drops an ordered tick older than a bound; the gate decides it before touching the table.
 
 use std::borrow::Cow;
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::key::{KeyError, KeyTemplate};
-use crate::options::parse_duration;
-use crate::Tick;
+use flightlock::Tick;
 
 /// `source` of an EventBridge scheduled event.
 pub const SCHEDULED_SOURCE: &str = "aws.events";
@@ -38,15 +36,6 @@ pub const SCHEDULED_DETAIL_TYPE: &str = "Scheduled Event";
 pub const TICK_FORMS: &str = "auto (an EventBridge scheduled event's time, else no tick), off, \
                               or a template that reads the event such as {/detail/batchId} or \
                               run-{/tick} ({{ and }} for literal braces)";
-
-/// The longest `FLIGHTLOCK_STALE_AFTER`: every retry of a delivery ends within 30 h
-/// (EventBridge 24 h, then Lambda's async queue 6 h), so a bound of more than a week catches
-/// nothing and is a unit mistake (a bare number is seconds, not milliseconds).
-pub const MAX_STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// The forms `FLIGHTLOCK_STALE_AFTER` accepts.
-pub const STALE_AFTER_FORMS: &str =
-    "off, or a duration above 0 and at most 7d such as 90s, 10m, 1h (a bare number is seconds)";
 
 /// Where an invocation's tick comes from (`FLIGHTLOCK_TICK`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,37 +179,6 @@ fn template_error(template: &KeyTemplate, e: KeyError) -> TickError {
         template: source,
         problem,
     }
-}
-
-/// Parses `FLIGHTLOCK_STALE_AFTER`: `off` (`None`) or a duration in `(0, MAX_STALE_AFTER]`.
-/// The error is the problem; the caller names the variable.
-pub fn parse_stale_after(value: &str) -> Result<Option<Duration>, String> {
-    let v = value.trim();
-    if v.eq_ignore_ascii_case("off") {
-        return Ok(None);
-    }
-    let d = parse_duration(v)?;
-    if d.is_zero() {
-        return Err("zero would drop every tick (write off to turn the check off)".into());
-    }
-    if d > MAX_STALE_AFTER {
-        return Err(format!(
-            "{} is longer than any retry horizon (EventBridge 24 h + Lambda async 6 h): it \
-             would catch nothing",
-            humantime::format_duration(d)
-        ));
-    }
-    Ok(Some(d))
-}
-
-/// How old the ordered tick `at_ms` (epoch ms) is at wall time `now`; zero for a tick in the
-/// future (a clock ahead of this one's). Pure.
-pub fn age(at_ms: i64, now: SystemTime) -> Duration {
-    let now_ms = match now.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    };
-    Duration::from_millis(u64::try_from(now_ms.saturating_sub(at_ms)).unwrap_or(0))
 }
 
 /// The three top-level fields of an EventBridge event that `auto` reads, each kept only if it

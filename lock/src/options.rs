@@ -140,6 +140,21 @@ pub struct LockOptions {
 /// The most permits a key may have ([`LockOptions::permits`]).
 pub const MAX_PERMITS: u32 = 100;
 
+/// The forms a number of permits accepts ([`parse_permits`]).
+pub const PERMITS_FORMS: &str =
+    "a whole number from 1 (one at a time, the default) up to 100, such as 5";
+
+/// Parses a number of permits as people write it (`FLIGHTLOCK_PERMITS` in Lambda, the CLI's
+/// `--permits` and `permits --set`): 1 up to [`MAX_PERMITS`], digits only (no sign, no fraction,
+/// no exponent). The error is the problem; the caller names the variable or the option.
+pub fn parse_permits(s: &str) -> Result<u32, &'static str> {
+    match s.parse::<u32>() {
+        Ok(p) if (1..=MAX_PERMITS).contains(&p) && s.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        Ok(_) => Err("out of range"),
+        Err(_) => Err("not a whole number"),
+    }
+}
+
 /// The default [`LockOptions::tick_keep`]: 30 h.
 pub const DEFAULT_TICK_KEEP: Duration = Duration::from_secs(30 * 3600);
 /// The longest [`LockOptions::tick_keep`]: a year.

@@ -1,8 +1,8 @@
 //! The handler's view of its lock: the ticket, key, wait and tick merged into the event's
 //! `Lambda-Runtime-Client-Context` header before the runtime gets it (the merge itself, and
-//! what it keeps of the caller's context, is [`flightlock::lambda::client_context`]).
+//! what it keeps of the caller's context, is [`flightlock_lambda::client_context`]).
 
-use flightlock::lambda::client_context::{merge, Handover, Merged, CLIENT_CONTEXT_HEADER};
+use flightlock_lambda::client_context::{merge, Handover, Merged, CLIENT_CONTEXT_HEADER};
 use http::{HeaderMap, HeaderValue};
 
 /// Puts `handover` into the client context header of an event's `headers`. Whatever is left

@@ -1,4 +1,4 @@
-//! Gating one event through the shared [`flightlock::lambda::gate::Gate`] and answering upstream what
+//! Gating one event through the shared [`flightlock_lambda::gate::Gate`] and answering upstream what
 //! it decided; releasing.
 
 use super::*;
@@ -6,8 +6,8 @@ use crate::crash_watch::{self, WatchEnd};
 use crate::otel::spans::{self, HoldEnd, WaitEnd};
 use crate::otel::xray::TraceParent;
 use crate::otel::HoldTrace;
-use flightlock::lambda::client_context::Handover;
-use flightlock::lambda::gate::{Held, Outcome, Run};
+use flightlock_lambda::client_context::Handover;
+use flightlock_lambda::gate::{Held, Outcome, Run};
 use std::time::Instant;
 
 impl Proxy {
@@ -59,7 +59,7 @@ impl Proxy {
                 error_type,
                 message,
             } => {
-                let body = flightlock::lambda::body::error_body(error_type, &message);
+                let body = flightlock_lambda::body::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 if let Some((parent, start, decided)) = traced {
                     let key = self

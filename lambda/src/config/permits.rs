@@ -10,24 +10,15 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{err, ConfigError, COALESCE, PERMITS, STALE_AFTER, TICK};
-use crate::lambda::tick::TickSource;
-use crate::options::MAX_PERMITS;
+use crate::tick::TickSource;
+use flightlock::options::{parse_permits, PERMITS_FORMS};
 
-/// The forms `FLIGHTLOCK_PERMITS` accepts.
-pub const PERMITS_FORMS: &str =
-    "a whole number from 1 (one at a time, the default) up to 100, such as 5";
-
-/// `FLIGHTLOCK_PERMITS` (trimmed, `None` when unset or empty): 1 up to [`MAX_PERMITS`], digits
-/// only (no sign, no fraction, no exponent).
+/// `FLIGHTLOCK_PERMITS` (trimmed, `None` when unset or empty): [`parse_permits`], default 1.
 pub(super) fn parse(value: Option<String>) -> Result<u32, ConfigError> {
     let Some(v) = value else {
         return Ok(1);
     };
-    match v.parse::<u32>() {
-        Ok(p) if (1..=MAX_PERMITS).contains(&p) && v.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
-        Ok(_) => Err(err(PERMITS, &v, "out of range", PERMITS_FORMS)),
-        Err(_) => Err(err(PERMITS, &v, "not a whole number", PERMITS_FORMS)),
-    }
+    parse_permits(&v).map_err(|problem| err(PERMITS, &v, problem, PERMITS_FORMS))
 }
 
 /// The tick source to use with `permits`: unchanged with one permit; with more, `off` (the

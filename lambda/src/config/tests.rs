@@ -8,9 +8,9 @@ use super::{
     FUNCTION_NAME, HEARTBEAT, KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PERMITS,
     PROXY_PORT, RUNTIME_API, STALE_AFTER, TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
 };
-use crate::lambda::tick::TickSource;
-use crate::options::{ClockSkew, Wait};
-use crate::schema::HolderInfo;
+use crate::tick::TickSource;
+use flightlock::options::{ClockSkew, Wait};
+use flightlock::schema::HolderInfo;
 
 fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
@@ -273,7 +273,7 @@ fn permits_parse_and_reach_the_lock_options() {
     // Blank is unset: one permit, and the default tick stays on.
     let c = Config::from_map(&with(&[(PERMITS, "")])).unwrap();
     assert_eq!((c.permits, c.tick), (1, TickSource::Auto));
-    assert!(super::PERMITS_FORMS.contains(&crate::MAX_PERMITS.to_string()));
+    assert!(flightlock::options::PERMITS_FORMS.contains(&flightlock::MAX_PERMITS.to_string()));
 }
 
 #[test]

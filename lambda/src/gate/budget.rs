@@ -17,7 +17,7 @@ pub(super) const RELEASE_MAX: Duration = Duration::from_secs(3);
 /// How long the decision for an invocation may take (acquire, and the holder read of a busy
 /// key), when `left` is the time until its deadline: up to half of the deadline margin before
 /// the deadline, so the answer (skip body or error) still goes out in time. The lock's own wait
-/// ends a full margin before the deadline (see [`crate::lambda::config::Config::lock_options`]), so a key that stays
+/// ends a full margin before the deadline (see [`crate::config::Config::lock_options`]), so a key that stays
 /// held is reported as busy, not as a timeout. With less than a margin left, half of what is
 /// left. Pure.
 pub fn decision_budget(left: Duration, margin: Duration) -> Duration {

@@ -2,19 +2,17 @@
 //! `events/scheduled.json`), EventBridge Scheduler input built from its context attributes,
 //! other events, and every way a tick can be wrong.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use super::{age, parse_stale_after, TickError, TickSource, MAX_STALE_AFTER};
-use crate::Tick;
+use super::{TickError, TickSource};
+use flightlock::Tick;
 
 /// The repository's sample scheduled event (an EventBridge rule's `Scheduled Event`).
-const SCHEDULED: &str = include_str!("../../../../events/scheduled.json");
+const SCHEDULED: &str = include_str!("../../../events/scheduled.json");
 /// The repository's sample keyed event: an EventBridge event that is not a scheduled one.
-const KEYED: &str = include_str!("../../../../events/keyed.json");
+const KEYED: &str = include_str!("../../../events/keyed.json");
 /// The repository's sample EventBridge Scheduler input, as the guide's Scheduler recipe writes it
 /// (`{"tick":"<aws.scheduler.scheduled-time>","execution":"<aws.scheduler.execution-id>"}`)
 /// once Scheduler has filled in the context attributes.
-const SCHEDULER: &str = include_str!("../../../../events/scheduler.json");
+const SCHEDULER: &str = include_str!("../../../events/scheduler.json");
 
 /// 2026-11-21T12:00:00Z, the `time` of `events/scheduled.json`, in epoch ms.
 const SCHEDULED_AT: i64 = 1_795_262_400_000;
@@ -193,37 +191,4 @@ fn bad_sources_are_refused_with_the_problem() {
         let e = TickSource::parse(value).unwrap_err();
         assert!(e.contains(problem), "{value}: {e}");
     }
-}
-
-#[test]
-fn stale_bounds_parse_within_range() {
-    assert_eq!(parse_stale_after("off"), Ok(None));
-    assert_eq!(parse_stale_after("Off"), Ok(None));
-    assert_eq!(parse_stale_after("10m"), Ok(Some(Duration::from_secs(600))));
-    assert_eq!(parse_stale_after("90"), Ok(Some(Duration::from_secs(90))));
-    assert_eq!(parse_stale_after("7d"), Ok(Some(MAX_STALE_AFTER)));
-    for (bad, problem) in [
-        ("0", "zero"),
-        ("0ms", "zero"),
-        ("7d 1s", "longer than any retry horizon"),
-        ("3600000", "longer than any retry horizon"),
-        ("-1m", "negative"),
-        ("soon", "not a duration"),
-    ] {
-        let e = parse_stale_after(bad).unwrap_err();
-        assert!(e.contains(problem), "{bad}: {e}");
-    }
-}
-
-#[test]
-fn a_ticks_age_is_measured_on_the_wall_clock() {
-    let now = UNIX_EPOCH + Duration::from_millis(SCHEDULED_AT as u64 + 90_000);
-    assert_eq!(age(SCHEDULED_AT, now), Duration::from_secs(90));
-    // A tick from the future (a clock ahead of ours) is not old.
-    assert_eq!(age(SCHEDULED_AT + 200_000, now), Duration::ZERO);
-    // Before 1970, both sides.
-    assert_eq!(age(-1_000, UNIX_EPOCH), Duration::from_secs(1));
-    let before = UNIX_EPOCH - Duration::from_secs(5);
-    assert_eq!(age(-10_000, before), Duration::from_secs(5));
-    assert!(age(0, SystemTime::now()) > Duration::from_secs(50 * 365 * 86_400));
 }

@@ -4,12 +4,12 @@
 
 use super::*;
 
-/// A handler answering its ticket (read with `flightlock::lambda::ticket`) and its whole
+/// A handler answering its ticket (read with `flightlock_lambda::ticket`) and its whole
 /// client context.
 pub(super) fn reporting(layer: &FlightlockLayer) -> Handler {
     let handler = lambda_runtime::service_fn(|event: LambdaEvent<Value>| async move {
         Ok::<Value, Diagnostic>(json!({
-            "ticket": flightlock::lambda::ticket(&event.context),
+            "ticket": flightlock_lambda::ticket(&event.context),
             "clientContext": event.context.client_context,
         }))
     });

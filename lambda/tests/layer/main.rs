@@ -1,4 +1,4 @@
-//! The in-process layer (`flightlock::lambda`, feature `lambda`) driven directly as a tower
+//! The in-process layer (`flightlock_lambda::FlightlockLayer`, feature `layer`) driven directly as a tower
 //! service against DynamoDB Local: both busy policies, per-key templates, events without the
 //! key's field, a failing handler, and queued invocations running in arrival order. The e2e
 //! suite runs the same layer inside the Lambda emulator for the skip policy only; these tests
@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::lambda::body::{BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
-use flightlock::lambda::config::Config;
-use flightlock::lambda::{FlightlockLayer, Gated};
 use flightlock::{ClockSkew, Locker};
+use flightlock_lambda::body::{BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
+use flightlock_lambda::config::Config;
+use flightlock_lambda::{FlightlockLayer, Gated};
 use lambda_runtime::tower::{ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use serde_json::{json, Value};

@@ -6,9 +6,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 
-use flightlock::lambda::config::{self, Config};
 use flightlock::{ClockSkew, Wait};
 use flightlock_cleanup::config as cleanup_config;
+use flightlock_lambda::config::{self, Config};
 
 use crate::repo_root;
 

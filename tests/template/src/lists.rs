@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use flightlock::lambda::config::{self, Config};
+use flightlock_lambda::config::{self, Config};
 use serde_yaml_ng::Value;
 
 use crate::docs::{read, section, CLI, CONFIGURATION};

@@ -238,7 +238,7 @@ fn example_jobs_lock_keys_under_the_prefix_the_policy_allows() {
     let t = template();
     for job in ["DemoPythonJob", "DemoRustJob"] {
         let key = &properties(&t, job, FUNCTION).unwrap()["Environment"]["Variables"]
-            [flightlock::lambda::config::KEY];
+            [flightlock_lambda::config::KEY];
         let Value::Tagged(sub) = key else {
             panic!("{job}: FLIGHTLOCK_KEY is not a !Sub: {key:?}");
         };
@@ -260,10 +260,10 @@ fn every_flightlock_variable_set_is_read_by_the_code() {
     let t = template();
     for job in ["DemoPythonJob", "DemoRustJob"] {
         let vars = flightlock_variables(properties(&t, job, FUNCTION).unwrap());
-        assert!(vars.contains(flightlock::lambda::config::TABLE), "{job}");
+        assert!(vars.contains(flightlock_lambda::config::TABLE), "{job}");
         for v in vars {
             assert!(
-                flightlock::lambda::config::KNOWN.contains(&v.as_str()),
+                flightlock_lambda::config::KNOWN.contains(&v.as_str()),
                 "{job} sets {v}, which flightlock does not read"
             );
         }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use flightlock::lambda::metrics::{emf_line, Metric};
+use flightlock_lambda::metrics::{emf_line, Metric};
 use serde_yaml_ng::Value;
 
 use super::*;
