@@ -42,7 +42,7 @@ pub const EXIT_USAGE: u8 = 2;
 /// The log levels `--log-level` accepts (as `FLIGHTLOCK_LOG_LEVEL` does in Lambda).
 const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
-/// `flightlock --version`: the crate version and the commit of this build (lock/build.rs).
+/// `flightlock --version`: the crate version and the commit of this build (cli/build.rs).
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",

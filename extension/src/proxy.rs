@@ -103,6 +103,9 @@ pub struct Proxy {
     invocations: Arc<Invocations>,
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
+    /// The port the wrapper points the runtime at (`FLIGHTLOCK_PROXY_PORT`): how the runtime's
+    /// process is told from others (its `AWS_LAMBDA_RUNTIME_API`).
+    port: u16,
     /// Where `/proc` is (a seam for tests).
     proc_root: PathBuf,
     /// The runtime process last found (see [`runtime_process`]).
@@ -146,6 +149,7 @@ impl Proxy {
             invocations,
             client,
             upstream,
+            port: crate::config::DEFAULT_PROXY_PORT,
             proc_root: PathBuf::from("/proc"),
             runtime: std::sync::Mutex::new(None),
             runtime_unknown_logged: AtomicBool::new(false),
@@ -164,6 +168,13 @@ impl Proxy {
         self
     }
 
+    /// Sets the port the wrapper points the runtime at (default
+    /// [`DEFAULT_PROXY_PORT`](crate::config::DEFAULT_PROXY_PORT)).
+    pub fn with_port(mut self, port: u16) -> Proxy {
+        self.port = port;
+        self
+    }
+
     /// Sets the execution mode (default: standard).
     pub fn with_mode(mut self, mode: Mode) -> Proxy {
         self.mode = mode;
@@ -179,7 +190,7 @@ impl Proxy {
         }
         let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
         let root = self.proc_root.clone();
-        let api = format!("127.0.0.1:{}", self.config.proxy_port);
+        let api = format!("127.0.0.1:{}", self.port);
         let found = tokio::task::spawn_blocking(move || match cached {
             Some(p) if runtime_process::is_alive(&root, p) => Some(p),
             _ => runtime_process::find_runtime(&root, &api),

@@ -40,15 +40,16 @@ pub const HEARTBEAT: &str = "FLIGHTLOCK_HEARTBEAT";
 pub const CLOCK_SKEW: &str = "FLIGHTLOCK_CLOCK_SKEW";
 /// Time kept free before the invocation deadline.
 pub const DEADLINE_MARGIN: &str = "FLIGHTLOCK_DEADLINE_MARGIN";
-/// Proxy listener port.
+/// Proxy listener port (the extension's: parsed by `flightlock_extension::config`).
 pub const PROXY_PORT: &str = "FLIGHTLOCK_PROXY_PORT";
-/// Runtime API the proxy forwards to.
+/// Runtime API the proxy forwards to (the extension's: parsed by `flightlock_extension::config`).
 pub const UPSTREAM: &str = "FLIGHTLOCK_UPSTREAM";
 /// Log level.
 pub const LOG_LEVEL: &str = "FLIGHTLOCK_LOG_LEVEL";
 /// Metrics on or off.
 pub const METRICS: &str = "FLIGHTLOCK_METRICS";
-/// The extension's init check of `AWS_LAMBDA_EXEC_WRAPPER`, on or off.
+/// The extension's init check of `AWS_LAMBDA_EXEC_WRAPPER`, on or off (parsed by
+/// `flightlock_extension::config`).
 pub const WRAPPER_CHECK: &str = "FLIGHTLOCK_WRAPPER_CHECK";
 /// Where an invocation's tick comes from: `auto`, `off` or a template.
 pub const TICK: &str = "FLIGHTLOCK_TICK";
@@ -59,7 +60,9 @@ pub const COALESCE: &str = "FLIGHTLOCK_COALESCE";
 /// How many invocations may hold the key at a time (a FIFO counting semaphore): 1 to 100.
 pub const PERMITS: &str = "FLIGHTLOCK_PERMITS";
 
-/// Every variable [`Config::from_map`] understands.
+/// Every `FLIGHTLOCK_*` variable of the Lambda integration: what [`Config::from_map`] accepts.
+/// It parses all but [`PROXY_PORT`], [`UPSTREAM`] and [`WRAPPER_CHECK`], which only the extension
+/// reads (and parses); the in-process layer accepts and ignores them.
 pub const KNOWN: &[&str] = &[
     TABLE,
     KEY,
@@ -80,13 +83,8 @@ pub const KNOWN: &[&str] = &[
     PERMITS,
 ];
 
-/// Lambda's variable with the Runtime API address (`host:port`).
-pub const RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
 /// Lambda's variable with the function name (the default key).
 pub const FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
-
-/// Default proxy port (the wrapper script uses the same default).
-pub const DEFAULT_PROXY_PORT: u16 = 9009;
 
 /// Heartbeats never extend a lease past the invocation deadline plus this grace: a sandbox that
 /// is frozen or killed mid-invocation frees the key soon after its deadline.
@@ -135,18 +133,10 @@ pub struct Config {
     pub clock_skew: ClockSkew,
     /// `FLIGHTLOCK_DEADLINE_MARGIN`. Default 1 s.
     pub deadline_margin: Duration,
-    /// `FLIGHTLOCK_PROXY_PORT`. Default 9009.
-    pub proxy_port: u16,
-    /// `FLIGHTLOCK_UPSTREAM`, else `AWS_LAMBDA_RUNTIME_API`, as `host:port` (scheme stripped).
-    /// `None` if neither is set (only the extension needs it).
-    pub upstream: Option<String>,
     /// `FLIGHTLOCK_LOG_LEVEL`. Default `info`.
     pub log_level: String,
     /// `FLIGHTLOCK_METRICS`. Default on.
     pub metrics: bool,
-    /// `FLIGHTLOCK_WRAPPER_CHECK`. Default on. Used by the extension only (the in-process layer
-    /// needs no wrapper).
-    pub wrapper_check: bool,
     /// `FLIGHTLOCK_TICK`: where an invocation's tick comes from. Default `auto`: an
     /// EventBridge scheduled event's `time`, no tick for any other event.
     pub tick: TickSource,
@@ -192,13 +182,7 @@ impl Config {
                 &KNOWN.join(", "),
             ));
         }
-        // Empty values count as unset: Lambda consoles and templates often leave them blank.
-        let get = |name: &str| {
-            env.get(name)
-                .map(|v| v.trim())
-                .filter(|v| !v.is_empty())
-                .map(str::to_owned)
-        };
+        let get = |name: &str| value(env, name);
         let function_name = get(FUNCTION_NAME);
 
         let table = get(TABLE).ok_or_else(|| {
@@ -273,28 +257,6 @@ impl Config {
             })?,
         };
         let deadline_margin = duration(DEADLINE_MARGIN)?.unwrap_or(Duration::from_secs(1));
-        let proxy_port = match get(PROXY_PORT) {
-            None => DEFAULT_PROXY_PORT,
-            // Digits only, as the wrapper script accepts them (`u16::from_str` would also take
-            // a leading `+`, which the wrapper rejects: the two must agree on every value).
-            Some(v) => match v.parse::<u16>() {
-                Ok(p) if p > 0 && v.bytes().all(|b| b.is_ascii_digit()) => p,
-                _ => return Err(err(PROXY_PORT, &v, "not a port", "a TCP port 1-65535")),
-            },
-        };
-        let upstream = match get(UPSTREAM) {
-            Some(v) => Some(
-                runtime_api_authority(&v)
-                    .map_err(|p| err(UPSTREAM, &v, p, "host:port or http://host:port"))?,
-            ),
-            None => match get(RUNTIME_API) {
-                Some(v) => Some(
-                    runtime_api_authority(&v)
-                        .map_err(|p| err(RUNTIME_API, &v, p, "host:port or http://host:port"))?,
-                ),
-                None => None,
-            },
-        };
         let log_level = match get(LOG_LEVEL) {
             None => "info".to_owned(),
             Some(v) => {
@@ -318,7 +280,6 @@ impl Config {
             }
         };
         let metrics = switch(METRICS, true)?;
-        let wrapper_check = switch(WRAPPER_CHECK, true)?;
         let tick = match get(TICK) {
             None => TickSource::Auto,
             Some(v) => TickSource::parse(&v).map_err(|p| err(TICK, &v, p, TICK_FORMS))?,
@@ -369,11 +330,8 @@ impl Config {
             heartbeat,
             clock_skew,
             deadline_margin,
-            proxy_port,
-            upstream,
             log_level,
             metrics,
-            wrapper_check,
             tick,
             stale_after,
             coalesce,
@@ -459,27 +417,14 @@ impl Config {
     }
 }
 
-/// Strips an optional `http://` scheme and a trailing `/` from a Runtime API address and checks
-/// that what is left looks like `host:port`.
-pub fn runtime_api_authority(value: &str) -> Result<String, String> {
-    let v = value.trim();
-    let rest = match v.split_once("://") {
-        None => v,
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) => {
-            return Err(format!(
-                "scheme {scheme:?} is not supported (the Runtime API is plain HTTP)"
-            ))
-        }
-    };
-    let rest = rest.trim_end_matches('/');
-    let Some((host, port)) = rest.rsplit_once(':') else {
-        return Err("no port".into());
-    };
-    if host.is_empty() || rest.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
-        return Err("not host:port".into());
-    }
-    Ok(rest.to_owned())
+/// The value of `name` in `env`, trimmed; `None` when unset or blank (Lambda consoles and
+/// templates often leave variables blank, which counts as unset). Every `FLIGHTLOCK_*` reader
+/// (this module, the extension's settings) reads values through it.
+pub fn value(env: &HashMap<String, String>, name: &str) -> Option<String> {
+    env.get(name)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ def test_the_sbom_lists_what_is_compiled_into_the_extension(tmp_path):
     assert doc["bomFormat"] == "CycloneDX" and doc["metadata"]["component"]["name"] == "flightlock-extension"
     for dep in ("flightlock", "tokio", "aws-sdk-dynamodb", "hyper", "rustls"):
         assert dep in names, dep
-    # Not compiled in: dev-dependencies, and the CLI's dependencies (feature `cli` is off).
+    # Not compiled in: dev-dependencies, and the CLI's dependencies (the crate flightlock-cli).
     for absent in ("flightlock-testkit", "clap", "nix"):
         assert absent not in names, absent
     assert names["tokio"]["hashes"][0]["alg"] == "SHA-256" and len(names["tokio"]["hashes"][0]["content"]) == 64

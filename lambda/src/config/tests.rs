@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::{
-    runtime_api_authority, Config, ConfigError, OnBusy, CLOCK_SKEW, COALESCE, DEADLINE_MARGIN,
-    FUNCTION_NAME, HEARTBEAT, KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PERMITS,
-    PROXY_PORT, RUNTIME_API, STALE_AFTER, TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
+    Config, ConfigError, OnBusy, CLOCK_SKEW, COALESCE, DEADLINE_MARGIN, FUNCTION_NAME, HEARTBEAT,
+    KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PERMITS, PROXY_PORT, STALE_AFTER,
+    TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
 };
 use crate::tick::TickSource;
 use flightlock::options::{ClockSkew, Wait};
@@ -20,11 +20,7 @@ fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 }
 
 fn base() -> Vec<(&'static str, &'static str)> {
-    vec![
-        (TABLE, "locks"),
-        (FUNCTION_NAME, "nightly"),
-        (RUNTIME_API, "127.0.0.1:9001"),
-    ]
+    vec![(TABLE, "locks"), (FUNCTION_NAME, "nightly")]
 }
 
 fn with(extra: &[(&'static str, &'static str)]) -> HashMap<String, String> {
@@ -47,11 +43,8 @@ fn defaults() {
     assert_eq!(c.lease, Duration::from_secs(20));
     assert_eq!(c.heartbeat, None);
     assert_eq!(c.clock_skew, ClockSkew::Bounded(Duration::from_secs(1)));
-    assert_eq!(c.proxy_port, 9009);
-    assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9001"));
     assert_eq!(c.log_level, "info");
     assert!(c.metrics);
-    assert!(c.wrapper_check);
     assert_eq!(c.tick, TickSource::Auto);
     assert_eq!(c.stale_after, None);
     assert!(!c.coalesce);
@@ -81,7 +74,6 @@ fn every_variable_parses() {
     assert!(matches!(&c.tick, TickSource::Template(t) if t.source() == "run-{/detail/batchId}"));
     assert_eq!(c.stale_after, Some(Duration::from_secs(600)));
     assert!(c.coalesce);
-    assert!(!c.wrapper_check);
     assert!(c.key.reads_event());
     assert_eq!(c.wait, Wait::Forever);
     assert_eq!(c.on_busy, OnBusy::Error);
@@ -89,8 +81,6 @@ fn every_variable_parses() {
     assert_eq!(c.heartbeat, Some(Duration::from_secs(2)));
     assert_eq!(c.clock_skew, ClockSkew::Unbounded);
     assert_eq!(c.deadline_margin, Duration::from_millis(250));
-    assert_eq!(c.proxy_port, 9100);
-    assert_eq!(c.upstream.as_deref(), Some("127.0.0.1:9200"));
     assert_eq!(c.log_level, "debug");
     assert!(!c.metrics);
 }
@@ -106,13 +96,8 @@ fn every_bad_value_names_its_variable_and_the_accepted_forms() {
         (HEARTBEAT, "x", "500ms"),
         (CLOCK_SKEW, "-1", "unbounded"),
         (DEADLINE_MARGIN, "1 parsec", "500ms"),
-        (PROXY_PORT, "70000", "1-65535"),
-        (PROXY_PORT, "0", "1-65535"),
-        (UPSTREAM, "https://x:1", "host:port"),
-        (UPSTREAM, "localhost", "host:port"),
         (LOG_LEVEL, "loud", "debug"),
         (METRICS, "maybe", "on, off"),
-        (WRAPPER_CHECK, "sometimes", "on, off"),
         (TICK, "{detail}", "auto"),
         (TICK, "every-minute", "{/detail/batchId}"),
         (TICK, "autom", "off"),
@@ -148,27 +133,10 @@ fn table_is_required_and_key_falls_back_to_the_function_name() {
     assert_eq!(e.variable, TABLE);
     let e = Config::from_map(&map(&[(TABLE, "locks")])).unwrap_err();
     assert_eq!(e.variable, KEY);
-    let c = Config::from_map(&map(&[(TABLE, "locks"), (KEY, "k")])).unwrap();
-    assert_eq!(c.upstream, None);
+    Config::from_map(&map(&[(TABLE, "locks"), (KEY, "k")])).unwrap();
     // A blank value is unset, not an error.
     let c = Config::from_map(&with(&[(WAIT, " ")])).unwrap();
     assert_eq!(c.wait, Wait::NoWait);
-}
-
-#[test]
-fn runtime_api_is_accepted_with_or_without_a_scheme() {
-    for v in [
-        "127.0.0.1:9001",
-        "http://127.0.0.1:9001",
-        "HTTP://127.0.0.1:9001/",
-    ] {
-        assert_eq!(runtime_api_authority(v).unwrap(), "127.0.0.1:9001");
-    }
-    assert!(runtime_api_authority("127.0.0.1").is_err());
-    assert!(runtime_api_authority("127.0.0.1:9001/path").is_err());
-    let mut env = with(&[]);
-    env.insert(RUNTIME_API.into(), "bogus".into());
-    assert_eq!(Config::from_map(&env).unwrap_err().variable, RUNTIME_API);
 }
 
 #[test]
@@ -301,5 +269,21 @@ fn more_than_one_permit_turns_the_default_tick_off_and_refuses_what_needs_one_ru
         let msg = e.to_string();
         assert!(msg.contains("FLIGHTLOCK_PERMITS=2"), "{msg}");
         assert!(msg.contains("set FLIGHTLOCK_PERMITS=1"), "{msg}");
+    }
+}
+
+#[test]
+fn the_extensions_own_settings_are_accepted_and_left_to_it() {
+    // Parsed by the extension (`flightlock_extension::config`); the in-process layer has no
+    // proxy and no wrapper, so it accepts their names and leaves their values alone.
+    for (var, value) in [
+        (PROXY_PORT, "70000"),
+        (UPSTREAM, "localhost"),
+        (WRAPPER_CHECK, "x"),
+    ] {
+        assert!(
+            Config::from_map(&with(&[(var, value)])).is_ok(),
+            "{var}={value}"
+        );
     }
 }

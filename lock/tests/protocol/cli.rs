@@ -202,7 +202,7 @@ async fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
 }
 
 /// `flightlock --version` names the crate version and the commit of the build: this checkout's
-/// HEAD when git can tell (lock/build.rs watches HEAD, so a new commit rebuilds).
+/// HEAD when git can tell (cli/build.rs watches HEAD, so a new commit rebuilds).
 #[test]
 fn version_names_the_version_and_the_commit() {
     let out = Command::new(flightlock_testkit::cli_bin())

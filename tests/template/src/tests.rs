@@ -419,7 +419,7 @@ fn alarms_watch_metrics_the_code_emits_and_notify_the_optional_topic() {
     let t = template();
     // The extension's metric names, as the metrics module of the gate it shares with the
     // in-process layer spells them (`Metric::X => "X"`).
-    let source = std::fs::read_to_string(repo_root().join("lock/src/lambda/metrics.rs")).unwrap();
+    let source = std::fs::read_to_string(repo_root().join("lambda/src/metrics.rs")).unwrap();
     let extension: BTreeSet<String> = source
         .lines()
         .filter_map(|l| l.split_once("=> \"")?.1.split_once('"'))

@@ -3,9 +3,11 @@
 //! Cargo hands `CARGO_BIN_EXE_flightlock` only to the tests of the binary's own package
 //! (`flightlock-cli`, `cli/`). The lock's protocol and sweep tests run the CLI too (as a process
 //! they can kill, and for its exit statuses), so they get it from [`cli_bin`]: built once per
-//! test process by the cargo that runs the tests, into the same target directory and profile. When
-//! it is fresh (after `cargo build --workspace --bins`, or `cargo test --workspace`) that costs a
-//! no-op build; a stale binary is never run.
+//! test process by the cargo that runs the tests, into the same target directory and profile, as
+//! `cargo build --workspace --bins --tests` builds it. That is the build `scripts/test` makes
+//! first and `cargo test --workspace` makes too (the same packages and features: building
+//! `flightlock-cli` alone would resolve other features and compile every dependency again), so
+//! there it is a no-op; a stale binary is never run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,14 +43,7 @@ fn build() -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "flightlock-cli",
-            "--bin",
-            "flightlock",
-        ])
+        .args(["build", "--quiet", "--workspace", "--bins", "--tests"])
         .args(["--profile", profile])
         .arg("--target-dir")
         .arg(target_dir)
@@ -56,7 +51,7 @@ fn build() -> PathBuf {
     match out {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
-            "cli_bin: `cargo build -p flightlock-cli` failed ({}):\n{}",
+            "cli_bin: `cargo build --workspace --bins --tests` failed ({}):\n{}",
             o.status,
             String::from_utf8_lossy(&o.stderr)
         ),
