@@ -72,7 +72,7 @@ fn parse_tick(s: &str) -> Result<String, String> {
 struct StaleAfter(Option<Duration>);
 
 fn parse_stale_after(s: &str) -> Result<StaleAfter, String> {
-    flightlock::tick::parse_stale_after(s).map(StaleAfter)
+    flightlock::options::parse_stale_after(s).map(StaleAfter)
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {

@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 use super::key::KeyTemplate;
 use super::tick::{TickSource, TICK_FORMS};
 use flightlock::options::{parse_duration, ClockSkew, LockOptions, Wait};
+use flightlock::options::{parse_stale_after, STALE_AFTER_FORMS};
 use flightlock::schema::HolderInfo;
-use flightlock::tick::{parse_stale_after, STALE_AFTER_FORMS};
 
 mod permits;
 

@@ -16,7 +16,7 @@
 //!   else an id ([`Tick::Id`]). A template that does not match the event is a [`TickError`]:
 //!   nothing runs.
 //!
-//! `FLIGHTLOCK_STALE_AFTER` ([`flightlock::tick::parse_stale_after`], [`flightlock::tick::age`])
+//! `FLIGHTLOCK_STALE_AFTER` ([`flightlock::options::parse_stale_after`], [`flightlock::tick::age`])
 //! drops an ordered tick older than a bound; the gate decides it before touching the table.
 
 use std::borrow::Cow;
