@@ -12,7 +12,7 @@
 //! | module | what |
 //! |---|---|
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
-//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases, `proxy::context` hands the ticket to the handler in the client context |
+//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::admit` locks each one within its deadline (through the shared gate) and releases, `proxy::context` hands the ticket to the handler in the client context |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
 //! | `mode` | the execution mode (standard or Lambda Managed Instances) and what it registers (pure) |
 //! | `extensions_api` | the Extensions and Telemetry API client (requests pure, sending thin) |

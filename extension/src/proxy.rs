@@ -59,8 +59,8 @@ use crate::runtime_api::{
 };
 use crate::runtime_process::{self, Proc};
 
+mod admit;
 mod context;
-mod gate;
 mod handover;
 mod next;
 

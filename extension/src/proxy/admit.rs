@@ -1,5 +1,5 @@
-//! Gating one event through the shared [`flightlock_lambda::gate::Gate`] and answering upstream what
-//! it decided; releasing.
+//! Admitting one event: deciding it through the shared [`flightlock_lambda::gate::Gate`],
+//! answering upstream what it decided (skipped or failed), and releasing what it acquired.
 
 use super::*;
 use crate::crash_watch::{self, WatchEnd};
@@ -15,7 +15,7 @@ impl Proxy {
     /// (see [`super::context`]). `None`: the invocation was answered here (skipped or failed)
     /// and is done. With `trace` (a sampled trace, OTLP export on), the wait's span is queued
     /// once the decision is answered, and an acquired lock's hold is traced until its release.
-    pub(super) async fn gate(
+    pub(super) async fn admit(
         &self,
         id: &str,
         slot: &Arc<Slot>,
