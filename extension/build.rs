@@ -1,10 +1,10 @@
 //! Build script: `FLIGHTLOCK_COMMIT`, the commit of this build, for the init log line
-//! (see lock/build/commit.rs for where it comes from).
+//! (see cli/build/commit.rs for where it comes from).
 
-include!("../lock/build/commit.rs");
+include!("../cli/build/commit.rs");
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=../lock/build/commit.rs");
+    println!("cargo:rerun-if-changed=../cli/build/commit.rs");
     emit_commit();
 }

@@ -5,7 +5,7 @@
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The commit this build is from, 12 hex digits, or "unknown" when the build could not know it
-/// (no git and no `FLIGHTLOCK_BUILD_COMMIT`; see `lock/build/commit.rs`).
+/// (no git and no `FLIGHTLOCK_BUILD_COMMIT`; see `cli/build/commit.rs`).
 pub const COMMIT: &str = env!("FLIGHTLOCK_COMMIT");
 
 #[cfg(test)]

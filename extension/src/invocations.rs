@@ -21,7 +21,7 @@ use crate::runtime_process::Proc;
 pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// A held lock of one invocation (heartbeating until the gate releases it).
-pub use flightlock::lambda::gate::Held;
+pub use flightlock_lambda::gate::Held;
 
 /// One invocation.
 #[derive(Debug)]

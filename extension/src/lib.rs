@@ -12,7 +12,7 @@
 //! | module | what |
 //! |---|---|
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
-//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::gate` locks each one within its deadline and releases, `proxy::context` hands the ticket to the handler in the client context |
+//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::admit` locks each one within its deadline (through the shared gate) and releases, `proxy::context` hands the ticket to the handler in the client context |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
 //! | `mode` | the execution mode (standard or Lambda Managed Instances) and what it registers (pure) |
 //! | `extensions_api` | the Extensions and Telemetry API client (requests pure, sending thin) |
@@ -24,15 +24,17 @@
 //! | `otel` | with an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): spans of the lock wait and the hold in the invocation's trace, sent off the hot path, flushed at SHUTDOWN |
 //! | `body` | streamed bodies, end-of-body notification |
 //! | `build_info` | the version and commit of this build (the init log line names both) |
+//! | `config` | the settings only the extension reads: the proxy's port, the upstream Runtime API, the wrapper check (pure) |
 //! | `wrapper_check` | init fails on a managed runtime that does not start through the wrapper |
 //! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
-//! Configuration is the `FLIGHTLOCK_*` table in [`flightlock::lambda::config`]; user docs, the skip and
-//! error bodies and the metric names are in the guide (`docs/src/reference/responses.md`,
+//! Configuration is the `FLIGHTLOCK_*` table in [`flightlock_lambda::config`], plus the
+//! extension's own settings ([`config`]); user docs, the skip and error bodies and the metric names are in the guide (`docs/src/reference/responses.md`,
 //! `docs/src/reference/metrics.md`).
 
 pub mod body;
 pub mod build_info;
+pub mod config;
 pub mod crash_watch;
 pub mod extensions_api;
 pub mod invocations;

@@ -7,15 +7,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flightlock::lambda::config::{self, Config};
-use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
+use flightlock_extension::config::{self, Settings};
 use flightlock_extension::extensions_api::{ApiError, ExtensionsApi};
 use flightlock_extension::invocations::{Invocations, FORGET_AFTER};
 use flightlock_extension::lifecycle;
 use flightlock_extension::mode::{self, Mode};
 use flightlock_extension::proxy::{self, Proxy};
 use flightlock_extension::{build_info, otel, telemetry, wrapper_check};
+use flightlock_lambda::config::{Config, PROXY_PORT};
+use flightlock_lambda::gate::Gate;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -99,19 +100,20 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
             .map_err(|e| format!("{}: {e}", config::RUNTIME_API))?,
     );
     // 1. Configuration. A bad value fails init with a message naming the variable.
-    let config = match Config::from_map(&env) {
-        Ok(c) => c,
-        Err(e) => {
-            init_tracing(&env, "info");
-            tracing::error!(error = %e, "invalid flightlock configuration");
-            fail_init(&api, &name, &e.to_string()).await;
-            return Err(e.into());
-        }
-    };
+    let (config, settings) =
+        match Config::from_map(&env).and_then(|c| Ok((c, Settings::from_map(&env)?))) {
+            Ok(both) => both,
+            Err(e) => {
+                init_tracing(&env, "info");
+                tracing::error!(error = %e, "invalid flightlock configuration");
+                fail_init(&api, &name, &e.to_string()).await;
+                return Err(e.into());
+            }
+        };
     init_tracing(&env, &config.log_level);
     // Unenforced is caught before the first handler runs: a managed runtime that does not start
     // through the wrapper fails init, saying what to set.
-    if let Err(msg) = wrapper_check::check(&env, &config) {
+    if let Err(msg) = wrapper_check::check(&env, &settings) {
         tracing::error!(error = %msg, "flightlock is not wired in");
         fail_init(&api, &name, &msg).await;
         return Err(msg.into());
@@ -120,7 +122,7 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         tracing::warn!("{warning}");
     }
     let config = Arc::new(config);
-    let upstream = config
+    let upstream = settings
         .upstream
         .clone()
         .ok_or("no Runtime API upstream (set AWS_LAMBDA_RUNTIME_API or FLIGHTLOCK_UPSTREAM)")?;
@@ -141,14 +143,13 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     let locker = Locker::new(aws_sdk_dynamodb::Client::new(&aws), &config.table);
 
     // 3. The proxy listens before we register, so it is up before the runtime starts.
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, config.proxy_port));
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.proxy_port));
     let listener = match TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => {
             let msg = format!(
                 "{}={}: cannot listen on {addr}: {e}; choose a free port (1-65535)",
-                config::PROXY_PORT,
-                config.proxy_port
+                PROXY_PORT, settings.proxy_port
             );
             fail_init(&api, &name, &msg).await;
             return Err(msg.into());
@@ -165,6 +166,7 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         Arc::new(invocations),
         upstream,
     )
+    .with_port(settings.proxy_port)
     .with_mode(mode)
     .with_limits(proxy::Limits {
         max_connections: mode::connection_cap(&env),

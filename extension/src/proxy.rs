@@ -31,10 +31,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use flightlock::lambda::body::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
-use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::{Gate, Run};
 use flightlock::Locker;
+use flightlock_lambda::body::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
+use flightlock_lambda::config::Config;
+use flightlock_lambda::gate::{Gate, Run};
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
@@ -59,12 +59,12 @@ use crate::runtime_api::{
 };
 use crate::runtime_process::{self, Proc};
 
+mod admit;
 mod context;
-mod gate;
 mod handover;
 mod next;
 
-pub use flightlock::lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+pub use flightlock_lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use handover::Conn;
 pub use next::usable_request_id;
 use next::Fetched;
@@ -103,6 +103,9 @@ pub struct Proxy {
     invocations: Arc<Invocations>,
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
+    /// The port the wrapper points the runtime at (`FLIGHTLOCK_PROXY_PORT`): how the runtime's
+    /// process is told from others (its `AWS_LAMBDA_RUNTIME_API`).
+    port: u16,
     /// Where `/proc` is (a seam for tests).
     proc_root: PathBuf,
     /// The runtime process last found (see [`runtime_process`]).
@@ -146,6 +149,7 @@ impl Proxy {
             invocations,
             client,
             upstream,
+            port: crate::config::DEFAULT_PROXY_PORT,
             proc_root: PathBuf::from("/proc"),
             runtime: std::sync::Mutex::new(None),
             runtime_unknown_logged: AtomicBool::new(false),
@@ -164,6 +168,13 @@ impl Proxy {
         self
     }
 
+    /// Sets the port the wrapper points the runtime at (default
+    /// [`DEFAULT_PROXY_PORT`](crate::config::DEFAULT_PROXY_PORT)).
+    pub fn with_port(mut self, port: u16) -> Proxy {
+        self.port = port;
+        self
+    }
+
     /// Sets the execution mode (default: standard).
     pub fn with_mode(mut self, mode: Mode) -> Proxy {
         self.mode = mode;
@@ -179,7 +190,7 @@ impl Proxy {
         }
         let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
         let root = self.proc_root.clone();
-        let api = format!("127.0.0.1:{}", self.config.proxy_port);
+        let api = format!("127.0.0.1:{}", self.port);
         let found = tokio::task::spawn_blocking(move || match cached {
             Some(p) if runtime_process::is_alive(&root, p) => Some(p),
             _ => runtime_process::find_runtime(&root, &api),
@@ -222,7 +233,7 @@ impl Proxy {
     /// connections) and a new host id (see the module docs). Invocations already holding a lock
     /// keep theirs; there are none at a restore, which comes before the first invocation.
     pub fn renew_after_restore(&self) {
-        let host = flightlock::lambda::gate::host_id();
+        let host = flightlock_lambda::gate::host_id();
         let mut gate = self.gate.write().unwrap_or_else(|e| e.into_inner());
         *gate = gate.renewed(host.clone());
         tracing::info!(%host, "restored from a snapshot: new DynamoDB client and host id");

@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use flightlock::lambda::config::{Config, WRAPPER_CHECK};
+use flightlock_lambda::config::WRAPPER_CHECK;
+
+use crate::config::Settings;
 
 /// Lambda's variable naming a managed runtime.
 pub const EXECUTION_ENV: &str = "AWS_EXECUTION_ENV";
@@ -22,8 +24,8 @@ pub const WRAPPER_PATH: &str = "/opt/flightlock-wrapper";
 
 /// `Err(message)` if the function runs a managed runtime that will not start through the
 /// flightlock wrapper; the message says what to set.
-pub fn check(env: &HashMap<String, String>, config: &Config) -> Result<(), String> {
-    if !config.wrapper_check {
+pub fn check(env: &HashMap<String, String>, settings: &Settings) -> Result<(), String> {
+    if !settings.wrapper_check {
         return Ok(());
     }
     let Some(runtime) = env.get(EXECUTION_ENV).filter(|v| !v.trim().is_empty()) else {
@@ -68,7 +70,7 @@ mod tests {
 
     fn run(pairs: &[(&str, &str)]) -> Result<(), String> {
         let e = env(pairs);
-        check(&e, &Config::from_map(&e).unwrap())
+        check(&e, &Settings::from_map(&e).unwrap())
     }
 
     #[test]

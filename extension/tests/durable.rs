@@ -15,8 +15,8 @@ mod support;
 
 use std::time::Duration;
 
-use flightlock::lambda::key::KeyTemplate;
 use flightlock::{ClockSkew, EntryState, Locker};
+use flightlock_lambda::key::KeyTemplate;
 use support::{get, respond, LIMIT, NEXT};
 
 // Illustrative execution ARNs: flightlock treats the value as an opaque string.

@@ -3,6 +3,11 @@
 //! A FIFO, fenced, self-cleaning lock on DynamoDB: a ticket queue per key, heartbeats, fencing
 //! tokens, and dead participants passed over without waiting for TTL.
 //!
+//! This crate is the lock and nothing else. The Lambda integration (the `FLIGHTLOCK_*`
+//! configuration, key templates, the per-invocation gate, and a tower layer for `lambda_runtime`)
+//! is the crate `flightlock-lambda` (`lambda/`); the `flightlock` command-line tool is the crate
+//! `flightlock-cli` (`cli/`).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), flightlock::Error> {
 //! use flightlock::{Locker, LockOptions, Wait};
@@ -42,7 +47,6 @@
 //! | `done` | marking a tick done at [`LockGuard::release_done`]; the id check once the key is held |
 //! | `permits` | changing a key's permits ([`LockOptions::permits`]) behind `flightlock permits`, and the read behind `flightlock status` |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
-//! | `lambda` | the Lambda integration, shared by the extension and the in-process layer: `config` (`FLIGHTLOCK_*`), `key` (key templates), `tick` (an invocation's tick: `FLIGHTLOCK_TICK`, stale ticks), `gate` (one decision per invocation: key, tick, acquire within the deadline, skip / error, release marking the tick done after a success), `metrics` (EMF), `body` (error types and answer bodies); `layer` (feature `lambda`): a tower layer gating a `lambda_runtime` handler in-process |
 //!
 //! ## Guarantees
 //!
@@ -70,7 +74,6 @@ pub mod error;
 mod guard;
 mod heartbeat;
 mod holder;
-pub mod lambda;
 pub(crate) mod liveness;
 mod locker;
 mod memory;

@@ -140,6 +140,21 @@ pub struct LockOptions {
 /// The most permits a key may have ([`LockOptions::permits`]).
 pub const MAX_PERMITS: u32 = 100;
 
+/// The forms a number of permits accepts ([`parse_permits`]).
+pub const PERMITS_FORMS: &str =
+    "a whole number from 1 (one at a time, the default) up to 100, such as 5";
+
+/// Parses a number of permits as people write it (`FLIGHTLOCK_PERMITS` in Lambda, the CLI's
+/// `--permits` and `permits --set`): 1 up to [`MAX_PERMITS`], digits only (no sign, no fraction,
+/// no exponent). The error is the problem; the caller names the variable or the option.
+pub fn parse_permits(s: &str) -> Result<u32, &'static str> {
+    match s.parse::<u32>() {
+        Ok(p) if (1..=MAX_PERMITS).contains(&p) && s.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        Ok(_) => Err("out of range"),
+        Err(_) => Err("not a whole number"),
+    }
+}
+
 /// The default [`LockOptions::tick_keep`]: 30 h.
 pub const DEFAULT_TICK_KEEP: Duration = Duration::from_secs(30 * 3600);
 /// The longest [`LockOptions::tick_keep`]: a year.
@@ -328,6 +343,39 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); {FORMS}"))
 }
 
+/// The longest stale bound ([`parse_stale_after`]; `FLIGHTLOCK_STALE_AFTER` in Lambda,
+/// `flightlock run --stale-after`): every retry of a delivery ends within 30 h
+/// (EventBridge 24 h, then Lambda's async queue 6 h), so a bound of more than a week catches
+/// nothing and is a unit mistake (a bare number is seconds, not milliseconds).
+pub const MAX_STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The forms a stale bound accepts ([`parse_stale_after`]).
+pub const STALE_AFTER_FORMS: &str =
+    "off, or a duration above 0 and at most 7d such as 90s, 10m, 1h (a bare number is seconds)";
+
+/// Parses a stale bound (`FLIGHTLOCK_STALE_AFTER` in Lambda, `flightlock run --stale-after`):
+/// `off` (`None`) or a duration in `(0, MAX_STALE_AFTER]`. An ordered tick older than the bound
+/// is dropped without touching the table. The error is the problem; the caller names the
+/// variable or the option.
+pub fn parse_stale_after(value: &str) -> Result<Option<Duration>, String> {
+    let v = value.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let d = parse_duration(v)?;
+    if d.is_zero() {
+        return Err("zero would drop every tick (write off to turn the check off)".into());
+    }
+    if d > MAX_STALE_AFTER {
+        return Err(format!(
+            "{} is longer than any retry horizon (EventBridge 24 h + Lambda async 6 h): it \
+             would catch nothing",
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(Some(d))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,5 +483,25 @@ mod tests {
             ..Default::default()
         };
         assert!(o.validate().unwrap_err().to_string().contains("poll"));
+    }
+
+    #[test]
+    fn stale_bounds_parse_within_range() {
+        assert_eq!(parse_stale_after("off"), Ok(None));
+        assert_eq!(parse_stale_after("Off"), Ok(None));
+        assert_eq!(parse_stale_after("10m"), Ok(Some(Duration::from_secs(600))));
+        assert_eq!(parse_stale_after("90"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(parse_stale_after("7d"), Ok(Some(MAX_STALE_AFTER)));
+        for (bad, problem) in [
+            ("0", "zero"),
+            ("0ms", "zero"),
+            ("7d 1s", "longer than any retry horizon"),
+            ("3600000", "longer than any retry horizon"),
+            ("-1m", "negative"),
+            ("soon", "not a duration"),
+        ] {
+            let e = parse_stale_after(bad).unwrap_err();
+            assert!(e.contains(problem), "{bad}: {e}");
+        }
     }
 }

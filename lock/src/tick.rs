@@ -25,6 +25,7 @@
 //! trip, and it errs on running twice, never on skipping a tick.
 
 use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The identity of one scheduled run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -201,6 +202,16 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// How old the ordered tick `at_ms` (epoch ms) is at wall time `now`; zero for a tick in the
+/// future (a clock ahead of this one's). Pure.
+pub fn age(at_ms: i64, now: SystemTime) -> Duration {
+    let now_ms = match now.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    };
+    Duration::from_millis(u64::try_from(now_ms.saturating_sub(at_ms)).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,5 +282,21 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(long.contains("513 bytes"), "{long}");
+    }
+
+    /// An ordered tick: 2026-11-21T12:00:00Z (epoch ms).
+    const AT: i64 = 1_795_262_400_000;
+
+    #[test]
+    fn a_ticks_age_is_measured_on_the_wall_clock() {
+        let now = UNIX_EPOCH + Duration::from_millis(AT as u64 + 90_000);
+        assert_eq!(age(AT, now), Duration::from_secs(90));
+        // A tick from the future (a clock ahead of ours) is not old.
+        assert_eq!(age(AT + 200_000, now), Duration::ZERO);
+        // Before 1970, both sides.
+        assert_eq!(age(-1_000, UNIX_EPOCH), Duration::from_secs(1));
+        let before = UNIX_EPOCH - Duration::from_secs(5);
+        assert_eq!(age(-10_000, before), Duration::from_secs(5));
+        assert!(age(0, SystemTime::now()) > Duration::from_secs(50 * 365 * 86_400));
     }
 }

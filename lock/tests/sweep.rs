@@ -538,7 +538,7 @@ async fn cli_dry_run_prints_the_summary_as_json() {
     let t = now();
     env.row("dead", 3, "o", t - HOUR_MS).await;
     env.row("live", 3, "o", t + 60_000).await;
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    let mut c = std::process::Command::new(flightlock_testkit::cli_bin());
     c.args(["sweep", "--dry-run", "--json", "--grace", "15m"])
         .env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
         .env("AWS_ACCESS_KEY_ID", "local")
@@ -562,7 +562,7 @@ async fn cli_dry_run_prints_the_summary_as_json() {
     assert_eq!(env.census().await, (2, 2));
 
     // A bad grace is refused with a message naming it.
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    let mut c = std::process::Command::new(flightlock_testkit::cli_bin());
     c.args(["sweep", "--table", &env.table, "--grace", "soon"])
         .stdin(Stdio::null());
     let out = tokio::task::spawn_blocking(move || c.output().unwrap())

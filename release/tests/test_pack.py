@@ -75,10 +75,11 @@ def test_the_sbom_lists_what_is_compiled_into_the_extension(tmp_path):
                     "2026-11-25T00:00:00Z")
     names = {c["name"]: c for c in doc["components"]}
     assert doc["bomFormat"] == "CycloneDX" and doc["metadata"]["component"]["name"] == "flightlock-extension"
-    for dep in ("flightlock", "tokio", "aws-sdk-dynamodb", "hyper", "rustls"):
+    for dep in ("flightlock", "flightlock-lambda", "tokio", "aws-sdk-dynamodb", "hyper", "rustls"):
         assert dep in names, dep
-    # Not compiled in: dev-dependencies, and the CLI's dependencies (feature `cli` is off).
-    for absent in ("flightlock-testkit", "clap", "nix"):
+    # Not compiled in: dev-dependencies, the CLI (the crate flightlock-cli) and its dependencies,
+    # and the in-process layer's runtime (flightlock-lambda without its feature `layer`).
+    for absent in ("flightlock-testkit", "flightlock-cli", "clap", "nix", "lambda_runtime"):
         assert absent not in names, absent
     assert names["tokio"]["hashes"][0]["alg"] == "SHA-256" and len(names["tokio"]["hashes"][0]["content"]) == 64
     assert names["tokio"]["purl"].startswith("pkg:cargo/tokio@")

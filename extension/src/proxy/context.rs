@@ -1,8 +1,8 @@
 //! The handler's view of its lock: the ticket, key, wait and tick merged into the event's
 //! `Lambda-Runtime-Client-Context` header before the runtime gets it (reading the caller's
-//! context, and what is kept of it, is [`flightlock::lambda::client_context`]).
+//! context, and what is kept of it, is [`flightlock_lambda::client_context`]).
 
-use flightlock::lambda::client_context::{
+use flightlock_lambda::client_context::{
     read, CallerContext, Handover, Unreadable, CLIENT_CONTEXT_HEADER,
 };
 use http::{HeaderMap, HeaderValue};

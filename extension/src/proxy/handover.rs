@@ -46,7 +46,7 @@ impl Proxy {
             Some(p) => Some(p),
             None => {
                 let root = self.proc_root.clone();
-                let api = format!("127.0.0.1:{}", self.config.proxy_port);
+                let api = format!("127.0.0.1:{}", self.port);
                 let (peer, local) = (conn.peer, conn.local);
                 let found = tokio::task::spawn_blocking(move || {
                     crate::peer::runtime_of_connection(&root, peer, local, &api)

@@ -197,7 +197,7 @@ impl Proxy {
                     .filter(|t| t.sampled)
             });
             if let Some(handover) = self
-                .gate(&id, &slot, deadline, &event, tenant.as_deref(), trace)
+                .admit(&id, &slot, deadline, &event, tenant.as_deref(), trace)
                 .instrument(span.clone())
                 .await
             {

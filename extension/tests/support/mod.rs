@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::Gate;
 use flightlock::Locker;
 use flightlock_extension::invocations::Invocations;
 use flightlock_extension::proxy::{Limits, Proxy};
+use flightlock_lambda::config::Config;
+use flightlock_lambda::gate::Gate;
 use flightlock_testkit::platform::{Mode, Options, Platform};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};

@@ -77,7 +77,7 @@ impl Config {
         let mut unknown: Vec<&String> = env
             .keys()
             .filter(|k| {
-                k.starts_with(flightlock::lambda::config::PREFIX) && !KNOWN.contains(&k.as_str())
+                k.starts_with(flightlock_lambda::config::PREFIX) && !KNOWN.contains(&k.as_str())
             })
             .collect();
         unknown.sort();

@@ -123,7 +123,7 @@ async fn bad_overrides_and_a_missing_table_fail_the_invocation() {
 
 #[test]
 fn keyed_event_renders_the_documented_key() {
-    let template = flightlock::lambda::key::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
+    let template = flightlock_lambda::key::KeyTemplate::parse("job-{/detail/accountId}").unwrap();
     assert_eq!(
         template.render(&event("keyed.json")).unwrap(),
         "job-acct-42"

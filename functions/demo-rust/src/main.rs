@@ -4,11 +4,11 @@
 //! - behind the flightlock layer's proxy (`AWS_LAMBDA_EXEC_WRAPPER` on a managed runtime, or a
 //!   `bootstrap` that execs `/opt/flightlock-wrapper ./demo-rust` on `provided.al2023`);
 //! - in-process with `DEMO_IN_PROCESS_LOCK=1`: the handler is wrapped in
-//!   [`flightlock::lambda::FlightlockLayer`], configured by the same `FLIGHTLOCK_*` variables.
+//!   [`flightlock_lambda::FlightlockLayer`], configured by the same `FLIGHTLOCK_*` variables.
 //!
 //! The event selects a behaviour, like the Python demo: `{"sleepMs": 500}`, `{"mode": "error"}`,
 //! `{"mode": "crash"}`, `{"mode": "timeout"}`, `{"mode": "big", "size": N}`; `{"mode": "context"}`
-//! answers the fencing token the lock handed over (`flightlock::lambda::ticket`) and the client
+//! answers the fencing token the lock handed over (`flightlock_lambda::ticket`) and the client
 //! context. With
 //! `DEMO_RECORD_FILE` set, one JSON line per handler start and end is appended to that file.
 
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flightlock::lambda::FlightlockLayer;
+use flightlock_lambda::FlightlockLayer;
 use lambda_runtime::tower::ServiceBuilder;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::{json, Value};
@@ -63,7 +63,7 @@ async fn job(event: LambdaEvent<Value>) -> Result<Value, Error> {
         }
         "context" => {
             // The handler's fencing token: behind the extension or the in-process layer alike.
-            let ticket = flightlock::lambda::ticket(&ctx);
+            let ticket = flightlock_lambda::ticket(&ctx);
             record("end", &ctx.request_id, &payload);
             return Ok(json!({
                 "ticket": ticket.map(|t| t.to_string()),

@@ -178,7 +178,7 @@ impl Locker {
 
     /// Checks the table as `flightlock create-table` does: it exists, its keys are `pk`/`sk`
     /// (strings) and TTL is on `expiresAt`. Needs `dynamodb:DescribeTable` and
-    /// `dynamodb:DescribeTimeToLive`. Lambda users call it at init ([`crate::lambda::gate::Gate`] does).
+    /// `dynamodb:DescribeTimeToLive`. Lambda users call it at init (the gate of `flightlock-lambda` does).
     pub async fn check_table(&self) -> Result<(), Error> {
         match &self.admin {
             Some(client) => crate::table::verify_table(client, self.table()).await,

@@ -1,7 +1,7 @@
 //! `flightlock::permits` (behind `flightlock permits` and `flightlock status`) against a real
 //! local DynamoDB: changing a key's permits on an idle key and back, waiting while the counter's
-//! seat is taken, and a key without a counter; the CLI's `permits`, `run --permits` and
-//! `status` ([`cli`]). Each test has its own table. Run through
+//! seat is taken, and a key without a counter (the CLI's `permits`, `run --permits` and `status`:
+//! `cli/tests/permits.rs`). Each test has its own table. Run through
 //! `scripts/dynamodb-local run -- cargo test -p flightlock --test permits`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -14,13 +14,10 @@ use flightlock::permits::{read, set_permits, Change, PermitsError};
 use flightlock::schema::{self, seed};
 use flightlock::{ClockSkew, EntryState, Error, LockOptions, Locker, Wait};
 
-mod cli;
-
 const POLL: Duration = Duration::from_millis(50);
 const SKEW: ClockSkew = ClockSkew::Bounded(Duration::from_secs(1));
 
 struct Env {
-    endpoint: String,
     client: Client,
     table: String,
     locker: Locker,
@@ -29,7 +26,6 @@ struct Env {
 async fn env(name: &str) -> Env {
     let t = flightlock_testkit::fresh_table(name).await;
     Env {
-        endpoint: t.endpoint,
         locker: Locker::new(t.client.clone(), &t.table),
         client: t.client,
         table: t.table,

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use crate::common::*;
 
 pub fn cli(env: &Env) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    let mut c = Command::new(flightlock_testkit::cli_bin());
     c.env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
         .env("AWS_ACCESS_KEY_ID", "local")
         .env("AWS_SECRET_ACCESS_KEY", "local")
@@ -202,10 +202,10 @@ async fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
 }
 
 /// `flightlock --version` names the crate version and the commit of the build: this checkout's
-/// HEAD when git can tell (lock/build.rs watches HEAD, so a new commit rebuilds).
+/// HEAD when git can tell (cli/build.rs watches HEAD, so a new commit rebuilds).
 #[test]
 fn version_names_the_version_and_the_commit() {
-    let out = Command::new(env!("CARGO_BIN_EXE_flightlock"))
+    let out = Command::new(flightlock_testkit::cli_bin())
         .arg("--version")
         .output()
         .unwrap();

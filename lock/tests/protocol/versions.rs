@@ -1,6 +1,6 @@
 //! The protocol's version on the table (issue 25): a key whose counter says a newer protocol than
-//! this build speaks is refused by `run`, the library, the Lambda gate and `status`, left alone
-//! by the sweeper, and nothing at all is written to it.
+//! this build speaks is refused by `run`, the library and `status`, left alone by the sweeper, and
+//! nothing at all is written to it (the Lambda gate: `lambda/tests/versions.rs`).
 //!
 //! The newer key is written the way a protocol 2 that keeps its holder under other attribute
 //! names would write it: a build blind to the version would see an empty seat and take the key
@@ -8,11 +8,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::Output;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use flightlock::lambda::config::Config;
-use flightlock::lambda::gate::{Gate, Outcome};
 use flightlock::schema::seed;
 use flightlock::{Error, LockOptions, SweepOptions, Sweeper, Wait, PROTOCOL};
 
@@ -210,43 +208,6 @@ async fn a_switch_under_a_holder_and_a_waiter_fails_both_closed() {
     // newer protocol's participants once its lease ends); the waiter removed its own row.
     let left = items(&env, "k").await;
     assert_eq!(left.keys().collect::<Vec<_>>(), ["counter"], "{left:#?}");
-}
-
-#[tokio::test]
-async fn the_gate_fails_the_invocation_even_when_busy_means_skip() {
-    let env = Env::new("protogate").await;
-    put_newer_key(&env, "job").await;
-    let before = items(&env, "job").await;
-    for on_busy in ["skip", "error"] {
-        let vars: HashMap<String, String> = [
-            ("FLIGHTLOCK_TABLE", env.table.as_str()),
-            ("FLIGHTLOCK_KEY", "job"),
-            ("FLIGHTLOCK_ON_BUSY", on_busy),
-            ("FLIGHTLOCK_WAIT", "2s"),
-            ("FLIGHTLOCK_METRICS", "off"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let config = Config::from_map(&vars).unwrap();
-        let gate = Gate::new(config.into(), env.locker().await, "host".into());
-        let deadline = SystemTime::now() + Duration::from_secs(30);
-        match gate.decide("req-1", Some(deadline), b"{}", None).await {
-            Outcome::Failed {
-                error_type,
-                message,
-            } => {
-                assert_eq!(error_type, "FlightlockProtocolTooNew", "{message}");
-                assert!(message.contains(&format!("protocol {NEWER}")), "{message}");
-            }
-            other => panic!("on busy {on_busy}: expected a failed invocation, got {other:?}"),
-        }
-    }
-    assert_eq!(
-        items(&env, "job").await,
-        before,
-        "the gate wrote to the key"
-    );
 }
 
 #[tokio::test]

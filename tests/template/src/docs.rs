@@ -6,9 +6,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 
-use flightlock::lambda::config::{self, Config};
 use flightlock::{ClockSkew, Wait};
 use flightlock_cleanup::config as cleanup_config;
+use flightlock_extension::config::{Settings, DEFAULT_PROXY_PORT};
+use flightlock_lambda::config::{self, Config};
 
 use crate::repo_root;
 
@@ -130,7 +131,9 @@ fn extension_port(value: &str) -> Option<u16> {
         (config::KEY.to_owned(), "k".to_owned()),
         (config::PROXY_PORT.to_owned(), value.to_owned()),
     ]);
-    Config::from_map(&env).ok().map(|c| c.proxy_port)
+    // The shared parser accepts the name; the extension's own settings read the value.
+    Config::from_map(&env).ok()?;
+    Settings::from_map(&env).ok().map(|s| s.proxy_port)
 }
 
 /// What the wrapper makes of it: the port it points the runtime at, or `None` (it refuses).
@@ -174,12 +177,12 @@ fn the_wrapper_and_the_extension_read_the_proxy_port_alike() {
             "FLIGHTLOCK_PROXY_PORT={value:?}"
         );
     }
-    assert_eq!(wrapper_port(""), Some(config::DEFAULT_PROXY_PORT));
+    assert_eq!(wrapper_port(""), Some(DEFAULT_PROXY_PORT));
 }
 
 #[test]
 fn every_cli_exit_status_is_documented() {
-    let main = read("lock/src/bin/flightlock/main.rs");
+    let main = read("cli/src/main.rs");
     let statuses: Vec<(&str, &str)> = main
         .lines()
         .filter_map(|l| l.strip_prefix("pub const EXIT_"))

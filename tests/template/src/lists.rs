@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use flightlock::lambda::config::{self, Config};
+use flightlock_lambda::config::{self, Config};
 use serde_yaml_ng::Value;
 
 use crate::docs::{read, section, CLI, CONFIGURATION};
@@ -74,7 +74,7 @@ fn the_output_table_is_the_templates() {
 
 /// The metric names of the gate, as `Metric::name` spells them (`Metric::X => "X"`).
 fn gate_metrics() -> BTreeSet<String> {
-    let source = read("lock/src/lambda/metrics.rs");
+    let source = read("lambda/src/metrics.rs");
     let names: BTreeSet<String> = source
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Metric::"))
@@ -149,7 +149,7 @@ fn options_in(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_cli_synopsis_and_option_table_list_every_option_of_the_code() {
-    let dir = "lock/src/bin/flightlock";
+    let dir = "cli/src";
     let mut code = BTreeSet::new();
     for file in ["main.rs", "run.rs", "status.rs", "sweep.rs", "permits.rs"] {
         code.extend(long_options(&read(&format!("{dir}/{file}"))));

@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use flightlock::lambda::config::{self, Config};
 use flightlock_cleanup::config as cleanup_config;
+use flightlock_lambda::config::{self, Config};
 use serde_yaml_ng::Value;
 
 use super::*;

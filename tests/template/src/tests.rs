@@ -249,7 +249,7 @@ fn example_jobs_lock_keys_under_the_prefix_the_policy_allows() {
     let t = template();
     for job in ["DemoPythonJob", "DemoRustJob"] {
         let key = &properties(&t, job, FUNCTION).unwrap()["Environment"]["Variables"]
-            [flightlock::lambda::config::KEY];
+            [flightlock_lambda::config::KEY];
         let Value::Tagged(sub) = key else {
             panic!("{job}: FLIGHTLOCK_KEY is not a !Sub: {key:?}");
         };
@@ -271,10 +271,10 @@ fn every_flightlock_variable_set_is_read_by_the_code() {
     let t = template();
     for job in ["DemoPythonJob", "DemoRustJob"] {
         let vars = flightlock_variables(properties(&t, job, FUNCTION).unwrap());
-        assert!(vars.contains(flightlock::lambda::config::TABLE), "{job}");
+        assert!(vars.contains(flightlock_lambda::config::TABLE), "{job}");
         for v in vars {
             assert!(
-                flightlock::lambda::config::KNOWN.contains(&v.as_str()),
+                flightlock_lambda::config::KNOWN.contains(&v.as_str()),
                 "{job} sets {v}, which flightlock does not read"
             );
         }
@@ -418,7 +418,7 @@ fn alarms_watch_metrics_the_code_emits_and_notify_the_optional_topic() {
     let t = template();
     // The extension's metric names, as the metrics module of the gate it shares with the
     // in-process layer spells them (`Metric::X => "X"`).
-    let source = std::fs::read_to_string(repo_root().join("lock/src/lambda/metrics.rs")).unwrap();
+    let source = std::fs::read_to_string(repo_root().join("lambda/src/metrics.rs")).unwrap();
     let extension: BTreeSet<String> = source
         .lines()
         .filter_map(|l| l.split_once("=> \"")?.1.split_once('"'))

@@ -15,10 +15,13 @@
 //!   per operation and injects faults ([`Rule`], [`Fault`]) exactly where the
 //!   network can break: before the write, after the write, duplicated, or
 //!   answered with throttling and server errors.
+//! - [`cli_bin`]: the `flightlock` CLI binary (crate `flightlock-cli`), built for the tests of
+//!   the other crates that run it.
 
 // Tests may unwrap; library code must not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod cli;
 pub mod events;
 mod local;
 pub mod platform;
@@ -36,6 +39,8 @@ mod proxy_tests;
 mod sdk_tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use cli::cli_bin;
 
 use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::config::retry::RetryConfig;

@@ -376,7 +376,7 @@ fn cli_bin() -> PathBuf {
             return p;
         }
     }
-    panic!("the flightlock CLI is not built: cargo build -p flightlock --features cli --bin flightlock");
+    panic!("the flightlock CLI is not built: cargo build -p flightlock-cli");
 }
 
 #[cfg(test)]

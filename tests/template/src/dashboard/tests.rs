@@ -2,21 +2,21 @@
 
 use std::collections::BTreeSet;
 
-use flightlock::lambda::metrics::{emf_line, Metric};
+use flightlock_lambda::metrics::{emf_line, Metric};
 use serde_yaml_ng::Value;
 
 use super::*;
 use crate::{load_template, properties, repo_root};
 
 /// The extension's and the in-process layer's metric names, as `Metric::name` spells them in
-/// `lock/src/lambda/metrics.rs` (`Metric::X => "Name"`): a renamed metric changes this set.
+/// `lambda/src/metrics.rs` (`Metric::X => "Name"`): a renamed metric changes this set.
 fn lambda_metrics() -> BTreeSet<String> {
-    let source = std::fs::read_to_string(repo_root().join("lock/src/lambda/metrics.rs")).unwrap();
+    let source = std::fs::read_to_string(repo_root().join("lambda/src/metrics.rs")).unwrap();
     let body = source
         .split_once("pub fn name(self)")
         .and_then(|(_, rest)| rest.split_once("pub fn unit(self)"))
         .map(|(body, _)| body)
-        .expect("Metric::name in lock/src/lambda/metrics.rs");
+        .expect("Metric::name in lambda/src/metrics.rs");
     let names: BTreeSet<String> = body
         .lines()
         .filter_map(|l| l.split_once("=> \"")?.1.split_once('"'))

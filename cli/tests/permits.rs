@@ -1,0 +1,226 @@
+//! The CLI around permits: `flightlock permits --set N` (what it prints, its JSON, its exit
+//! statuses), `run --permits` / `FLIGHTLOCK_PERMITS` (exit 78 on a mismatch) and `status`
+//! (holders and waiters against the key's permits). Each test has its own table. Run through
+//! `scripts/dynamodb-local run -- cargo test -p flightlock-cli --test permits`.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use flightlock::permits::{set_permits, Change, PermitsError};
+use flightlock::{LockOptions, Locker, Wait};
+
+const POLL: Duration = Duration::from_millis(50);
+
+struct Env {
+    endpoint: String,
+    client: Client,
+    table: String,
+    locker: Locker,
+}
+
+async fn env(name: &str) -> Env {
+    let t = flightlock_testkit::fresh_table(name).await;
+    Env {
+        endpoint: t.endpoint,
+        locker: Locker::new(t.client.clone(), &t.table),
+        client: t.client,
+        table: t.table,
+    }
+}
+
+fn opts(permits: u32) -> LockOptions {
+    LockOptions {
+        wait: Wait::NoWait,
+        permits,
+        ..LockOptions::default()
+    }
+}
+
+impl Env {
+    async fn set(&self, key: &str, n: u32, wait: Duration) -> Result<Change, PermitsError> {
+        let done = set_permits(&self.client, &self.table, key, n, wait, POLL).await?;
+        assert_eq!((done.key.as_str(), done.permits), (key, n));
+        Ok(done.change)
+    }
+}
+
+fn cli(e: &Env, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_flightlock"));
+    c.env("AWS_ENDPOINT_URL_DYNAMODB", &e.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_REGION", "us-east-1")
+        .env("FLIGHTLOCK_TABLE", &e.table)
+        .env_remove("FLIGHTLOCK_PERMITS")
+        .args(args)
+        .stdin(Stdio::null());
+    c
+}
+
+async fn output(mut c: Command) -> Output {
+    tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_set_prints_the_change_and_what_participants_need() {
+    let e = env("cli_permits_set").await;
+    let out = output(cli(&e, &["permits", "--key", "api", "--set", "3"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("had no counter; created it at 3 permit(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("--permits 3") && stdout.contains("FLIGHTLOCK_PERMITS=3"),
+        "{stdout}"
+    );
+
+    let out = output(cli(
+        &e,
+        &["permits", "--key", "api", "--set", "2", "--json"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"key": "api", "permits": 2, "change": "changed", "from": 3})
+    );
+    let out = output(cli(&e, &["permits", "--key", "api", "--set", "2"])).await;
+    assert!(text(&out.stdout).contains("already 2 permit(s): nothing changed"));
+
+    for bad in ["0", "101", "two"] {
+        let out = output(cli(&e, &["permits", "--key", "api", "--set", bad])).await;
+        assert_eq!(out.status.code(), Some(2), "--set {bad}");
+        assert!(
+            text(&out.stderr).contains("up to 100"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
+    let e = env("cli_permits_run").await;
+    e.set("api", 2, Duration::ZERO).await.unwrap();
+    let out = output(cli(&e, &["run", "--key", "api", "--", "true"])).await;
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("allows 2") && stderr.contains("configured with 1"),
+        "{stderr}"
+    );
+
+    // Once per tick promises one run at a time: refused with more permits, before any request.
+    let out = output(cli(
+        &e,
+        &[
+            "run",
+            "--key",
+            "api",
+            "--permits",
+            "2",
+            "--once",
+            "2026-11-24T10:00Z",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("permits"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The environment variable and the option alike.
+    let mut c = cli(
+        &e,
+        &[
+            "run",
+            "--key",
+            "api",
+            "--",
+            "sh",
+            "-c",
+            "echo $FLIGHTLOCK_TOKEN",
+        ],
+    );
+    c.env("FLIGHTLOCK_PERMITS", "2");
+    let out = output(c).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let held = e.locker.acquire("api", &opts(2)).await.unwrap();
+    let out = output(cli(&e, &["status", "--key", "api", "--json"])).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["permits"].as_u64(), v["holding"].as_u64()),
+        (Some(2), Some(1)),
+        "{v}"
+    );
+    let out = output(cli(&e, &["status", "--key", "api"])).await;
+    assert!(
+        text(&out.stdout).contains("api: 1 of 2 permits held, 0 waiting"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Both permits held: busy (75), naming both holders.
+    let other = e.locker.acquire("api", &opts(2)).await.unwrap();
+    let out = output(cli(
+        &e,
+        &[
+            "run",
+            "--key",
+            "api",
+            "--permits",
+            "2",
+            "--wait",
+            "0",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    for g in [&held, &other] {
+        assert!(
+            stderr.contains(&format!("ticket {}", g.token())),
+            "{stderr}"
+        );
+    }
+    assert!(stderr.contains("(2 of 2 permits)"), "{stderr}");
+    held.release().await.unwrap();
+    other.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_exits_75_while_the_seat_stays_taken() {
+    let e = env("cli_permits_seat").await;
+    let guard = e.locker.acquire("job", &opts(1)).await.unwrap();
+    let out = output(cli(
+        &e,
+        &["permits", "--key", "job", "--set", "2", "--wait", "300ms"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("seat stayed taken"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
