@@ -251,7 +251,14 @@ async fn a_silent_endpoint_is_retried_with_progress_lines_and_ctrl_c_is_truthful
 #[tokio::test]
 async fn a_waiting_run_names_the_holder_while_it_waits() {
     let env = Env::new("ffprogress").await;
-    let g = env.locker().await.acquire("job", &fast()).await.unwrap();
+    // A lease longer than the run's 7 s wait: a heartbeat late under load (seen on moto's
+    // server with both cores busy) must not hand the key to the run.
+    let holder = LockOptions {
+        lease: Duration::from_secs(15),
+        heartbeat: Some(Duration::from_secs(3)),
+        ..fast()
+    };
+    let g = env.locker().await.acquire("job", &holder).await.unwrap();
     let mut c = cli(&env);
     c.args(["run", "--key", "job", "--wait", "7s", "--", "true"]);
     let out = finish(c).await;
