@@ -115,7 +115,7 @@ async fn hostile_client_contexts_parsed_by_lambda_runtime_carry_no_forged_entry(
         format!(r#"{{"custom":{{{forged}}}}}"#),
     ];
     let config = std::sync::Arc::new(Config::default());
-    let (mut parsed, mut refused) = (0, 0);
+    let (mut parsed, mut refused, mut last) = (0, 0, 0);
     for (i, text) in contexts.iter().enumerate() {
         let mut headers = http::HeaderMap::new();
         headers.insert("lambda-runtime-aws-request-id", "r".parse().unwrap());
@@ -133,16 +133,38 @@ async fn hostile_client_contexts_parsed_by_lambda_runtime_carry_no_forged_entry(
         e.context = context;
         let out = ran(reporting(&layer).oneshot(e).await);
         let custom = out["clientContext"]["custom"].as_object().unwrap().clone();
-        for (name, value) in custom.iter().filter(|(k, _)| k.starts_with("flightlock")) {
-            assert!(
-                value != "999999999" && value != "t" && value != "8" && value != "7",
-                "{name}={value} reached the handler from {text}"
-            );
-        }
+        // Exactly the layer's entries, each with the layer's value: a forged one would show as
+        // a name too many (`flightlockTick`) or a value that is not this invocation's.
+        let reserved: Vec<&str> = custom
+            .keys()
+            .filter(|k| k.starts_with("flightlock"))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            reserved,
+            ["flightlockKey", "flightlockTicket", "flightlockWaitedMs"],
+            "from {text}"
+        );
+        // `ticket()` reads the context too, so the table's fresh counter is the independent
+        // witness: each invocation's ticket is above the last one's and nowhere near the forgery.
+        let ticket = out["ticket"].as_u64().unwrap();
         assert_eq!(
             custom["flightlockTicket"],
-            out["ticket"].as_u64().unwrap().to_string()
+            ticket.to_string(),
+            "from {text}"
         );
+        assert!(
+            ticket > last && ticket < 1_000,
+            "ticket {ticket} after {last}, from {text}"
+        );
+        last = ticket;
+        assert_eq!(custom["flightlockKey"], "nightly", "from {text}");
+        let waited: u64 = custom["flightlockWaitedMs"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(waited < 60_000, "waited {waited} ms, from {text}");
     }
     // Both sides are met: lambda_runtime refuses some, parses others.
     assert!(
