@@ -202,6 +202,14 @@ async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
         );
     }
     assert!(stderr.contains("(2 of 2 permits)"), "{stderr}");
+    // Another number with `--wait 0` on the full key: refused (78), never busy (75), which a
+    // script would take for "someone else is running" (issue 36).
+    let out = output(cli(
+        &e,
+        &["run", "--key", "api", "--wait", "0", "--", "true"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
     held.release().await.unwrap();
     other.release().await.unwrap();
 }

@@ -160,7 +160,6 @@ impl LockGuard {
             ticket: m.ticket,
             owner: m.owner.to_string(),
             permits: m.permits(),
-            ahead: m.ahead(),
         };
         let held = m.clock.now().saturating_duration_since(self.granted_at);
         let hint_ticket = m.ticket;

@@ -9,8 +9,9 @@
 //! **The lost signal.** The task keeps `valid_until`: `sent + lease`, where `sent` is the
 //! monotonic instant taken just before the last write that was *confirmed*. Others may call the
 //! row stale only after that point (see `liveness.rs`), so when `valid_until` passes without a
-//! confirmed renewal — or a renewal finds the row gone or not ours — the signal fires. It fires
-//! before anyone else can be granted the key. After it fires the task stops: no late heartbeat
+//! confirmed renewal — or a renewal finds the row gone or not ours, or is refused with an answer
+//! that retrying cannot change ([`LostReason::refused`]) — the signal fires. It fires before
+//! anyone else can be granted the key. After it fires the task stops: no late heartbeat
 //! is ever sent past the deadline.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -42,6 +43,31 @@ pub enum LostReason {
     /// The key was switched to a newer protocol than this build speaks (see
     /// [`crate::PROTOCOL`]): its seat can no longer be renewed by this build.
     ProtocolTooNew,
+    /// The key's permits were changed to another number than this participant's (by hand, or by
+    /// `flightlock permits --set` while nobody sat on the counter's seat): its seat can no longer
+    /// be renewed by this participant ([`crate::Error::PermitsMismatch`]).
+    PermitsMismatch,
+    /// A heartbeat was refused with access denied: the credentials' permissions on the lock
+    /// table changed, or they expired without being renewed ([`crate::Error::AccessDenied`]).
+    AccessDenied,
+    /// A heartbeat found no lock table: it was deleted ([`crate::Error::TableNotFound`]).
+    TableNotFound,
+    /// A heartbeat was refused with another error that retrying cannot change (a malformed
+    /// item, a request DynamoDB rejects); the log names it.
+    Refused,
+}
+
+impl LostReason {
+    /// The reason a fatal answer to a heartbeat gives for the loss.
+    pub(crate) fn refused(error: &Error) -> LostReason {
+        match error {
+            Error::ProtocolTooNew { .. } => LostReason::ProtocolTooNew,
+            Error::PermitsMismatch { .. } => LostReason::PermitsMismatch,
+            Error::AccessDenied { .. } => LostReason::AccessDenied,
+            Error::TableNotFound { .. } => LostReason::TableNotFound,
+            _ => LostReason::Refused,
+        }
+    }
 }
 
 impl std::fmt::Display for LostReason {
@@ -51,6 +77,14 @@ impl std::fmt::Display for LostReason {
             LostReason::RowGone => "the lock row was removed or taken over by someone else",
             LostReason::ProtocolTooNew => {
                 "the key was switched to a newer flightlock protocol than this build speaks"
+            }
+            LostReason::PermitsMismatch => {
+                "the key's permits were changed to another number than this participant's"
+            }
+            LostReason::AccessDenied => "a heartbeat was refused: access to the lock table denied",
+            LostReason::TableNotFound => "a heartbeat found no lock table: it was deleted",
+            LostReason::Refused => {
+                "a heartbeat was refused with an error that retrying cannot change (logged)"
             }
         })
     }
@@ -123,8 +157,6 @@ pub(crate) struct Membership {
     speaks: Speaks,
     /// Our permits.
     permits: u32,
-    /// Live entries below ours when it was granted (the hint's bound).
-    ahead: std::sync::atomic::AtomicU32,
 }
 
 impl Membership {
@@ -185,23 +217,12 @@ impl Membership {
             left: false,
             speaks,
             permits,
-            ahead: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
     /// The permits the entry was granted under.
     pub(crate) fn permits(&self) -> u32 {
         self.permits
-    }
-
-    /// Records how many live entries were below ours when it was granted.
-    pub(crate) fn set_ahead(&self, ahead: u32) {
-        self.ahead.store(ahead, Ordering::Relaxed);
-    }
-
-    /// How many live entries were below ours when it was granted.
-    pub(crate) fn ahead(&self) -> u32 {
-        self.ahead.load(Ordering::Relaxed)
     }
 
     /// Heartbeats that failed (and were retried) so far.
@@ -299,6 +320,10 @@ impl Drop for Membership {
 /// `leaseUntilMs` it wrote, so the allowance covers the wall clocks' disagreement alone.
 /// (Clock-free mode puts the 1/64 on the watcher's side instead: `liveness.rs`.)
 pub(crate) fn believed(written: Duration) -> Duration {
+    #[cfg(test)]
+    if crate::mutant::on(crate::mutant::Mutant::BelievedWithoutMargin) {
+        return written;
+    }
     written - written / 64
 }
 
@@ -454,9 +479,13 @@ impl Heartbeat {
                     operation: "UpdateItem",
                     source: "the row already carries a later lease than this heartbeat".into(),
                 },
-                // The key now runs a protocol we do not speak: nothing more is written.
-                Err(Failure::Fatal(crate::error::Error::ProtocolTooNew { .. })) => {
-                    return self.lost(LostReason::ProtocolTooNew)
+                // An answer that retrying cannot change (the key now runs a protocol we do not
+                // speak, or other permits; access denied; no table): the lock is lost now, and
+                // says why. Retried until the lease ran out, it would only be reported late, as
+                // an expired lease. Nothing more is written.
+                Err(Failure::Fatal(e)) if !fatal_retried(&e) => {
+                    tracing::error!(key = %self.key, ticket = self.ticket, error = %e, "heartbeat refused");
+                    return self.lost(LostReason::refused(&e));
                 }
                 Err(f) => f,
             };
@@ -493,6 +522,16 @@ impl Heartbeat {
         tracing::error!(key = %self.key, ticket = self.ticket, %reason, "lock lost");
         self.state.send_replace(RowState::Lost(reason));
     }
+}
+
+/// Whether a heartbeat's fatal answer is retried (only under a test-only mutant, and never a
+/// newer protocol's: the lost signal must fire at once, with the answer's reason).
+fn fatal_retried(_error: &Error) -> bool {
+    #[cfg(test)]
+    if crate::mutant::on(crate::mutant::Mutant::FatalHeartbeatRetried) {
+        return !matches!(_error, Error::ProtocolTooNew { .. });
+    }
+    false
 }
 
 /// Whether a renewal that found the row gone is retried (only under a test-only mutant: the

@@ -25,9 +25,6 @@ pub(crate) struct Hint {
     /// The permits the released entry was granted under: the hint is only good for an
     /// acquisition with the same (fewer than that many were ahead of `ticket` at its grant).
     pub permits: u32,
-    /// How many live entries were below `ticket` when it was granted (fewer than `permits`):
-    /// none can have appeared below it since.
-    pub ahead: u32,
 }
 
 /// Per-process memory of keys.
@@ -203,7 +200,6 @@ mod tests {
                     ticket: 1,
                     owner: "o".into(),
                     permits: 1,
-                    ahead: 0,
                 }),
             );
             m.held(&format!("k{i}"), Duration::from_millis(5));

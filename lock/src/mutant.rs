@@ -112,9 +112,27 @@ pub(crate) enum Mutant {
     /// `storage/dynamo/enqueue.rs`: the enqueue's permits condition accepts any permits (the
     /// version still checked): a participant of other permits is granted on the key.
     StorePermitsIgnored,
-    /// `locker/enqueue.rs`: a refused hint of more than one permit is followed by a row granted
-    /// at once whatever the number of tickets issued since (its bound not checked).
-    HintPastBound,
+    /// `locker/enqueue.rs`: a refused hint of more than one permit takes the counter it was
+    /// answered with at face value instead of reading: standing at the hint's own ticket, moved
+    /// by another, it is taken to mean that nobody queued since, and the next ticket is granted
+    /// at once. After a counter set back or recreated by hand that ticket may be another
+    /// holder's (N + 1 holders).
+    HintPastOthers,
+    /// `locker/enqueue.rs`: the enqueue's read does not compare the key's permits with ours (the
+    /// writes still do), so a `wait = 0` of another number on a key whose permits are all held
+    /// is answered busy instead of refused.
+    SurveyIgnoresPermits,
+    /// `locker/wait.rs`: a look removes the stale rows of the pages above the counter's without
+    /// reading the counter first, so a waiter of a key switched to other permits (or a newer
+    /// protocol) removes rows before it is refused.
+    LookRemovesUnchecked,
+    /// `heartbeat.rs`: a heartbeat refused with a fatal answer other than a newer protocol (the
+    /// key's permits changed under a seat, access denied) is retried until the lease runs out
+    /// and reported as an expired lease.
+    FatalHeartbeatRetried,
+    /// `heartbeat.rs`: bounded mode believes the whole lease written on the holder's monotonic
+    /// clock, without the 64th it takes off for a clock that runs slow.
+    BelievedWithoutMargin,
 }
 
 thread_local! {
@@ -159,9 +177,17 @@ pub(crate) const GUARD_LOOK: &str = "guard: own lease ran out across the last lo
 pub(crate) const GUARD_ENQUEUE: &str = "guard: own lease ran out during the enqueue";
 /// The guard in `locker/mod.rs`: a tick id check that outlasted the lease does not grant.
 pub(crate) const GUARD_TICK_ID: &str = "guard: own lease ran out during the tick id check";
+/// `locker/enqueue.rs`: a hint of more than one permit refused because others took tickets since
+/// reads the queue before it queues (no ticket arithmetic survives a counter set back by hand).
+pub(crate) const GUARD_HINT_READS: &str = "guard: a refused hint of N > 1 reads the queue";
+/// `locker/wait.rs`: a look that met a stale row on a page above the counter's read the counter
+/// (and was answered by it) before removing anything.
+pub(crate) const GUARD_LOOK_COUNTER: &str =
+    "guard: a look read the counter before removing a stale row";
 /// The margin in `liveness.rs`: a clock-free row watched for its lease but not yet for its lease
 /// and 1/64 is still live.
-/// The bound in `locker/enqueue.rs`: a hint of more than one permit refused because others took
-/// tickets since, decided without a read (granted at once, or read because the bound is reached).
-pub(crate) const GUARD_HINT_BOUND: &str = "guard: hint past others' tickets, bounded";
 pub(crate) const GUARD_MARGIN: &str = "guard: clock-free margin kept a row a lease old live";
+/// The margin in `heartbeat.rs` (bounded mode): a holder whose monotonic clock runs slow would
+/// have believed past what its stored version promises (checked by `sim/watch.rs`).
+pub(crate) const GUARD_BELIEVED: &str =
+    "guard: bounded margin kept a slow clock's belief inside its lease";

@@ -16,6 +16,30 @@ use flightlock::{Clock, LockOptions, Locker, SkewedClock, SystemClock, Wait};
 use flightlock_testkit::{Fault, FaultProxy, Rule};
 
 const HOUR_MS: i64 = 3_600_000;
+
+/// Awaits `fut` for at most `bound`: a test that waits for a signal fails, never hangs.
+async fn within<T>(bound: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(bound, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: nothing within {bound:?}"),
+    }
+}
+
+/// Runs the `flightlock` command `c` to its end (stdout and stderr captured) within a minute;
+/// past it, kills it and fails.
+async fn output(mut c: std::process::Command) -> std::process::Output {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let wait = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap());
+    match tokio::time::timeout(Duration::from_secs(60), wait).await {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            panic!("flightlock sweep: still running after a minute (killed)")
+        }
+    }
+}
 /// TTL grace of the rows the tests write: `expiresAt` lies 30 days after the lease end, so
 /// DynamoDB Local, which really runs TTL, never removes a row under a test's feet. The sweeper
 /// exists precisely for dead rows that TTL has not removed yet.
@@ -310,7 +334,14 @@ async fn a_row_heartbeated_between_read_and_delete_survives() {
         .await
         .unwrap();
 
-    let summary = sweep.await.unwrap().unwrap();
+    let summary = within(
+        Duration::from_secs(30),
+        "the sweep past its held deletes",
+        sweep,
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(
         (
             summary.dead,
@@ -546,9 +577,7 @@ async fn cli_dry_run_prints_the_summary_as_json() {
         .env("AWS_REGION", "us-east-1")
         .env("FLIGHTLOCK_TABLE", &env.table)
         .stdin(Stdio::null());
-    let out = tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap();
+    let out = output(c).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -565,9 +594,7 @@ async fn cli_dry_run_prints_the_summary_as_json() {
     let mut c = std::process::Command::new(flightlock_testkit::cli_bin());
     c.args(["sweep", "--table", &env.table, "--grace", "soon"])
         .stdin(Stdio::null());
-    let out = tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap();
+    let out = output(c).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("soon"));
 }

@@ -20,7 +20,7 @@ fn layer_on(locker: &Locker, table: &str, vars: &[(&str, &str)]) -> FlightlockLa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_permits_let_two_hold_at_once_and_skip_the_third_naming_both() {
-    let (layer, _, _) = layer("inproc_permits_skip", &[("FLIGHTLOCK_PERMITS", "2")]).await;
+    let (layer, locker, table) = layer("inproc_permits_skip", &[("FLIGHTLOCK_PERMITS", "2")]).await;
     let probe = Arc::new(Probe::default());
     probe.hold.store(true, Ordering::SeqCst);
     let service = gated(&layer, &probe);
@@ -52,6 +52,17 @@ async fn two_permits_let_two_hold_at_once_and_skip_the_third_naming_both() {
     assert_eq!(
         body["flightlock"]["heldBy"], body["flightlock"]["holders"][0],
         "{body}"
+    );
+    // A layer of one permit on the full key (skip policy, no wait): refused, never skipped
+    // (issue 36: its read alone can refuse it, for it writes nothing there).
+    let one = layer_on(&locker, &table, &[]);
+    let error = call(gated(&one, &probe), "req-4", json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.error_type, PERMITS_ERROR_TYPE,
+        "{}",
+        error.error_message
     );
 
     probe.hold.store(false, Ordering::SeqCst);

@@ -225,7 +225,6 @@ impl Locker {
             deadline: opts.wait.as_duration().map(|d| started + d),
             max_seen: 0,
             surveyed: None,
-            ahead: 0,
         };
         let mut requeued = false;
         loop {

@@ -373,17 +373,19 @@ pub(super) async fn ttl(ctx: Ctx, stop: tokio_util::sync::CancellationToken) {
     }
 }
 
-/// Operator mistakes during the fault phase: a counter deleted or lowered, a row deleted.
+/// Operator mistakes during the fault phase: a counter deleted or lowered, a row deleted; with
+/// `recreate` (the permits family), also a counter recreated as `flightlock permits --set` does.
 pub(super) async fn operator(
     ctx: Ctx,
-    keys: Vec<String>,
+    keys: Vec<(String, u32)>,
     phase: Duration,
     seed: u64,
+    recreate: bool,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
     let end = Instant::now() + phase;
-    loop {
+    for n in 0u64.. {
         let pause = ms(&mut rng, 200, 4_000);
         tokio::select! {
             biased;
@@ -393,7 +395,7 @@ pub(super) async fn operator(
         if Instant::now() >= end {
             return;
         }
-        let key = &keys[rng.random_range(0..keys.len())];
+        let (key, permits) = &keys[rng.random_range(0..keys.len())];
         let now = Instant::now();
         ctx.with(|m| m.operator_at.entry(key.clone()).or_default().push(now));
         let Ok(mut table) = ctx.net.table.lock() else {
@@ -404,7 +406,7 @@ pub(super) async fn operator(
         // Deleting the counter deletes its seat's entry too: for the seat's owner that is a row
         // deleted by hand.
         let seated = snap.rows.iter().find(|r| r.seat).map(|r| r.owner.clone());
-        match rng.random_range(0..3) {
+        match rng.random_range(0..if recreate { 4 } else { 3 }) {
             0 => {
                 table.operator_delete(key, schema::COUNTER_SK, now);
                 drop(table);
@@ -435,6 +437,39 @@ pub(super) async fn operator(
                 // queued, not above the tokens of rows already gone; fencing on this key is not
                 // promised from now on. (Mutual exclusion still is.)
                 ctx.with(|m| m.tampered.insert(key.clone()));
+            }
+            3 => {
+                // Deleted and recreated as `flightlock permits --set` creates a missing counter:
+                // the key's permits, `last` at the highest ticket a row still carries, a
+                // creation's `lastOwner`. Tickets of entries already gone are issued again.
+                let highest = snap
+                    .rows
+                    .iter()
+                    .filter(|r| !r.seat)
+                    .map(|r| r.ticket)
+                    .max()
+                    .unwrap_or(0);
+                table.operator_delete(key, schema::COUNTER_SK, now);
+                let create = crate::storage::Request::CreateCounter {
+                    key: key.clone(),
+                    last: highest,
+                    owner: schema::created_by(&format!("operator{n}"), *permits),
+                    protocol: crate::protocol::Speaks::Permits(*permits).protocol(),
+                    permits: *permits,
+                };
+                drop(table.apply(&create, now));
+                drop(table);
+                ctx.note(format!(
+                    "OPERATOR recreates the counter of {key} at {highest} ({permits} permit(s))"
+                ));
+                // As a deletion: the seat's entry goes with the counter, and tokens restart
+                // above the rows still queued only.
+                ctx.with(|m| {
+                    m.tampered.insert(key.clone());
+                    if let Some(owner) = &seated {
+                        m.deleted_by_hand(owner);
+                    }
+                });
             }
             _ => {
                 if snap.rows.is_empty() {

@@ -80,6 +80,8 @@ mod scripted;
 #[cfg(test)]
 mod scripted_lease;
 #[cfg(test)]
+mod scripted_permits;
+#[cfg(test)]
 mod tests;
 mod trace;
 #[cfg(test)]
@@ -207,7 +209,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         net.table.lock().map(|t| t.scan_lag).unwrap_or_default()
     ));
 
-    let workers = plan_workers(&mut rng, &keys, &knobs);
+    let mut workers = plan_workers(&mut rng, &keys, &knobs);
     if knobs.lease_edge {
         let stalled = plan_edge(&mut rng, &workers);
         ctx.note(format!("{stalled:?} is stalled during the fault phase"));
@@ -216,6 +218,7 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
         }
     }
     let stalled = net.stalled.lock().ok().and_then(|s| s.clone());
+    rates::edge_offsets(&knobs, &keys, &mut workers, stalled.as_deref());
     let _rates = rates::plan(&knobs, &keys, &workers, stalled.as_deref());
     for w in &workers {
         ctx.note(format!(
@@ -264,12 +267,16 @@ async fn simulate(seed: u64, knobs: Knobs) -> Report {
     tokio::spawn(actors::ttl(ctx.clone(), background.clone()));
     tokio::spawn(watch::lease_watch(ctx.clone(), background.clone()));
     if rng.random_bool(0.5) {
-        let names: Vec<String> = keys.iter().map(|k| k.name.clone()).collect();
+        let names: Vec<(String, u32)> = keys
+            .iter()
+            .map(|k| (k.name.clone(), k.opts.permits))
+            .collect();
         tokio::spawn(actors::operator(
             ctx.clone(),
             names,
             fault_phase,
             rng.random(),
+            knobs.permits,
             background.clone(),
         ));
     }

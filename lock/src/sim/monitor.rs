@@ -51,6 +51,8 @@ pub(super) struct Monitor {
     pub(super) upset_at: BTreeMap<String, Instant>,
     /// How often each availability check applied.
     pub(super) checked: BTreeMap<&'static str, u64>,
+    /// Versions of bounded rows whose holder's clock runs slow, checked against their promise.
+    pub(super) believed_slow: BTreeSet<String>,
     /// Once per tick: the first success of each (key, tick label).
     pub(super) successes: BTreeMap<(String, String), Instant>,
     /// The newest ordered tick whose `release_done` returned `Released`, per key.

@@ -205,6 +205,23 @@ fn a_look_that_ignores_the_protocol_is_granted_beyond_the_keys_permits() {
     }
 }
 
+/// Issue 36: the enqueue's read that does not compare the key's permits with ours. The writes
+/// still refuse, so only a call that does not write meets it: a `wait = 0` on a key whose
+/// permits are all held, answered busy (a silent skip) instead of refused (`upgrade.rs`).
+#[test]
+fn a_read_that_ignores_the_keys_permits_answers_busy_instead_of_refusing() {
+    let planted = crate::mutant::plant(Some(Mutant::SurveyIgnoresPermits));
+    let caught = (0..200).find_map(|seed| {
+        let run = super::upgrade::run(seed);
+        run.violations.first().map(|v| format!("seed {seed}: {v}"))
+    });
+    drop(planted);
+    match caught {
+        Some(found) => eprintln!("SurveyIgnoresPermits caught: {found}"),
+        None => panic!("SurveyIgnoresPermits survived 200 upgrade schedules"),
+    }
+}
+
 fn edge(m: Mutant) -> Knobs {
     Knobs {
         mutant: Some(m),
@@ -360,5 +377,39 @@ fn clocks_that_run_at_rates_further_apart_than_the_margin_are_caught() {
         knobs,
         super::lease_edge::RATE_MUTATION_SEEDS,
         &["mutual exclusion", "early removal"],
+    );
+}
+
+/// Bounded mode without the 64th a holder believes less (`heartbeat::believed`): a holder whose
+/// monotonic clock runs slow (within 1/64) believes past the `leaseUntilMs` it wrote, while a
+/// watcher whose wall clock is ahead by the allowance may pass its row over a lease after the
+/// write. One shared monotonic clock could not show it; the bounded clock-rate family does.
+#[test]
+fn a_bounded_belief_without_its_margin_is_caught_when_clocks_run_slow() {
+    let knobs = Knobs {
+        mutant: Some(Mutant::BelievedWithoutMargin),
+        ..super::lease_edge::bounded_rate_knobs()
+    };
+    caught_by(
+        "bounded belief without the margin",
+        knobs,
+        super::lease_edge::BOUNDED_RATE_SEEDS,
+        &["lease", "mutual exclusion", "early removal"],
+    );
+}
+
+/// The assumption the 64th rests on, broken: bounded holders whose monotonic clocks run slower
+/// than 1/64 (up to 1/40) believe past their lease with the protocol intact.
+#[test]
+fn bounded_clocks_slower_than_the_margin_are_caught() {
+    let knobs = Knobs {
+        rates_beyond_bound: true,
+        ..super::lease_edge::bounded_rate_knobs()
+    };
+    caught_by(
+        "bounded monotonic rates beyond 1/64",
+        knobs,
+        super::lease_edge::BOUNDED_RATE_SEEDS,
+        &["lease", "mutual exclusion", "early removal"],
     );
 }

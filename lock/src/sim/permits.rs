@@ -1,12 +1,14 @@
 //! The permits family (issue 26): keys of 1 to 4 permits (`Knobs::permits`,
-//! `scenario::plan_permits`), everything else as in the main family. The checks hold it to "at
-//! most N": no more than N participants ever believe they hold a key (at every grant and every
-//! step of a hold), FIFO across permits (a grant with N live rows below it is a violation),
-//! progress (a key with a forever waiter and fewer than N live holders is granted within the
-//! handoff bound), and every availability check of the main family. Four defects of a semaphore
-//! must each fail it: an off-by-one that lets N + 1 hold, a grant that overtakes a waiter ahead
-//! (only holders counted), a seat that is not counted, and a release that frees another holder's
-//! permit.
+//! `scenario::plan_permits`), everything else as in the main family, but its operator: beside
+//! setting counters back and deleting them, it recreates them as `flightlock permits --set` does
+//! (`actors::operator`), so tickets are issued twice. The checks hold it to "at most N": no more
+//! than N participants ever believe they hold a key (at every grant and every step of a hold),
+//! FIFO across permits (a grant with N live rows below it is a violation), progress (a key with
+//! a forever waiter and fewer than N live holders is granted within the handoff bound), and every
+//! availability check of the main family. Five defects must each fail it: an off-by-one that lets
+//! N + 1 hold, a grant that overtakes a waiter ahead (only holders counted), a seat that is not
+//! counted, a release that frees another holder's permit, and a refused hint that counts tickets
+//! instead of reading (issue 36).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,7 +30,7 @@ const CHECKS: &[&str] = &[
     "progress (handoff gap)",
     "tight wait",
     "takeover (busy behind entries)",
-    crate::mutant::GUARD_HINT_BOUND,
+    crate::mutant::GUARD_HINT_READS,
 ];
 
 fn permits() -> Knobs {
@@ -153,11 +155,15 @@ fn a_release_that_frees_another_holders_permit_is_caught() {
     );
 }
 
+/// Issue 36: a refused hint that takes the counter at face value instead of reading (the fast
+/// path of before, where it granted whatever was below the released entry). Only a counter set
+/// back or recreated by hand (the operator of this family) can make it grant; the scripted
+/// schedule (`scripted_permits.rs`) drives it exactly.
 #[test]
-fn a_hint_past_others_tickets_without_its_bound_is_caught() {
+fn a_refused_hint_that_trusts_the_counter_is_caught_after_a_set_back() {
     caught_by(
-        "hint past others' tickets, unbounded",
-        mutant(Mutant::HintPastBound),
+        "refused hint granted on the counter's word",
+        mutant(Mutant::HintPastOthers),
         PERMITS_SEEDS,
         &["mutual exclusion", "FIFO"],
     );

@@ -27,8 +27,18 @@
 //! drawn from a generator of its own (the rest of the plan does not move). With a stalled
 //! participant (the lease-edge family's, the one whose lease runs out while others watch it), it
 //! draws from the slowest quarter of the spread and everyone else from the fastest: the pairing
-//! the margin is for. Keys in bounded mode keep the true rate (PROTOCOL.md, "What remains
-//! assumed").
+//! the margin is for.
+//!
+//! **Bounded mode.** Others judge a bounded row by its `leaseUntilMs` on their wall clocks,
+//! within the allowance: in true time, never sooner than a lease after its writer's wall time
+//! ([`promised`]), whatever the writer's monotonic rate. The holder counts its lease on its
+//! monotonic clock, so a slow one would believe past that; it believes a 64th less
+//! (`heartbeat::believed`). The bounded clock-rate family (`lease_edge::bounded_rate_knobs`)
+//! gives bounded participants rates too, and sets their wall clocks at the two edges of the
+//! spread ([`edge_offsets`]): the stalled (slow) participant's behind, everyone else's ahead, so
+//! the allowance is spent on the wall clocks' disagreement alone and a watcher may pass the
+//! stalled row over exactly a lease after its write. The lease check (`watch.rs`) then holds
+//! each holder's belief to that promise.
 //!
 //! **The clock-rate family** (`lease_edge::rate_knobs`: the lease-edge family, every key
 //! clock-free, rates on) narrows the lease-edge stall ([`stall`]): the stalled participant's
@@ -42,7 +52,7 @@
 //! checks can read a participant's rate by its name.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -68,6 +78,8 @@ const RATE_SEED: u64 = 0x7a7e_5eed;
 
 thread_local! {
     static RATES: RefCell<HashMap<String, i64>> = RefCell::new(HashMap::new());
+    /// Participants on keys in bounded mode, while any clock runs at a rate of its own.
+    static BOUNDED: RefCell<HashSet<String>> = RefCell::new(HashSet::new());
     /// The clock-rate family's stall: entries of the stalled participant that renewed once.
     static RENEWED: RefCell<Option<HashMap<String, u32>>> = const { RefCell::new(None) };
     /// The clock-rate family's stalled participant.
@@ -82,6 +94,7 @@ pub(super) struct Planned;
 impl Drop for Planned {
     fn drop(&mut self) {
         RATES.with(|r| r.borrow_mut().clear());
+        BOUNDED.with(|b| b.borrow_mut().clear());
         RENEWED.with(|r| r.borrow_mut().take());
         STALLED.with(|s| s.borrow_mut().take());
         WRITERS.with(|w| w.borrow_mut().clear());
@@ -105,7 +118,7 @@ pub(super) fn plan(
     };
     let rates: HashMap<String, i64> = workers
         .iter()
-        .filter(|w| spread > 0 && keys[w.key].opts.clock_free())
+        .filter(|_| spread > 0)
         .map(|w| {
             let mut rng = StdRng::seed_from_u64(w.seed ^ RATE_SEED);
             let ppm = match stalled {
@@ -116,7 +129,13 @@ pub(super) fn plan(
             (w.who.clone(), ppm)
         })
         .collect();
+    let bounded: HashSet<String> = workers
+        .iter()
+        .filter(|w| spread > 0 && !keys[w.key].opts.clock_free())
+        .map(|w| w.who.clone())
+        .collect();
     RATES.with(|r| *r.borrow_mut() = rates);
+    BOUNDED.with(|b| *b.borrow_mut() = bounded);
     let family = knobs.clock_rates || knobs.rates_beyond_bound;
     RENEWED.with(|r| *r.borrow_mut() = family.then(HashMap::new));
     STALLED.with(|s| *s.borrow_mut() = stalled.filter(|_| family).map(str::to_owned));
@@ -195,15 +214,58 @@ pub(super) fn ppm(who: &str) -> i64 {
     RATES.with(|r| r.borrow().get(machine(who)).copied().unwrap_or(0))
 }
 
+/// The clock-rate family on bounded keys: each bounded participant's wall clock at an edge of
+/// its key's spread (`±spread_ms`, half the allowance), the stalled participant's behind and
+/// everyone else's ahead. Their wall clocks then disagree by the whole allowance, in the
+/// direction where a holder that believes too long meets a watcher that judges early.
+pub(super) fn edge_offsets(
+    knobs: &Knobs,
+    keys: &[KeyPlan],
+    workers: &mut [WorkerPlan],
+    stalled: Option<&str>,
+) {
+    if !(knobs.clock_rates || knobs.rates_beyond_bound) {
+        return;
+    }
+    for w in workers.iter_mut() {
+        let key = &keys[w.key];
+        if key.opts.clock_free() {
+            continue;
+        }
+        w.offset_ms = if stalled == Some(w.who.as_str()) {
+            -key.spread_ms
+        } else {
+            key.spread_ms
+        };
+    }
+}
+
+/// Whether `who` runs on a key in bounded mode (in a run where clocks run at rates of their own).
+fn bounded(who: &str) -> bool {
+    BOUNDED.with(|b| b.borrow().contains(machine(who)))
+}
+
+/// How long after its send, in true time, a version `who` wrote keeps others from passing its
+/// entry over, for a row of `lease`: clock-free, a lease of the watcher's clock and 1/64, which
+/// is at least a lease of the writer's ([`true_duration`]); bounded, the lease itself (others
+/// compare `leaseUntilMs` with wall clocks that agree with the writer's within the allowance).
+pub(super) fn promised(who: &str, lease: Duration) -> Duration {
+    if bounded(who) {
+        lease
+    } else {
+        true_duration(who, lease)
+    }
+}
+
 /// Notes that `who` sent the record version `rvn` (an enqueue's or a heartbeat's).
 pub(super) fn wrote(rvn: &str, who: &str) {
-    if ppm(who) != 0 {
+    if ppm(who) != 0 && !bounded(who) {
         WRITERS.with(|w| w.borrow_mut().insert(rvn.to_owned(), who.to_owned()));
     }
 }
 
-/// How long, in true time, the writer of `rvn` believes in a `lease` counted from its send: a
-/// lease of its own clock.
+/// How long, in true time, a version `rvn` keeps others from passing its entry over, for a row
+/// of `lease`: [`promised`] for its writer (its writer believes no longer).
 pub(super) fn writers_lease(rvn: &str, lease: Duration) -> Duration {
     match WRITERS.with(|w| w.borrow().get(rvn).cloned()) {
         Some(who) => true_duration(&who, lease),

@@ -37,6 +37,8 @@ pub(crate) struct Knobs {
     pub understate_skew: bool,
     /// Every key in clock-free mode.
     pub all_clock_free: bool,
+    /// Every key in bounded mode (the bounded clock-rate family).
+    pub all_bounded: bool,
     /// A deliberate defect in the protocol's own code (see [`mutant`]).
     pub mutant: Option<mutant::Mutant>,
     /// The lease-edge family: one key, small allowances and polls, and during the fault phase
@@ -51,8 +53,9 @@ pub(crate) struct Knobs {
     /// With `permits`: every key has 2 to 4 (the mutation tests of the permits family, so each
     /// defect is shown on a key of more than one permit).
     pub many_permits: bool,
-    /// Each clock-free participant's monotonic clock runs at a rate of its own, within the 1/64
-    /// the protocol assumes (see [`super::rates`]).
+    /// Each participant's monotonic clock runs at a rate of its own, within the 1/64 the
+    /// protocol assumes, and bounded participants' wall clocks sit at the edges of their spread
+    /// (see [`super::rates`]).
     pub clock_rates: bool,
     /// A model defect: monotonic clocks' rates differ by more than the 1/64 the protocol assumes
     /// (up to about 1/20, [`super::rates::BEYOND_PPM`]); the suite must catch it.
@@ -119,7 +122,8 @@ pub(super) fn plan_keys(rng: &mut StdRng, knobs: &Knobs) -> Vec<KeyPlan> {
                 max_poll = poll * rng.random_range(2..=4);
                 allowance = ms(rng, 20, 100);
             }
-            let clock_free = knobs.all_clock_free || rng.random_bool(0.3);
+            // Drawn in every family (but all clock-free), so `all_bounded` moves nothing else.
+            let clock_free = knobs.all_clock_free || (rng.random_bool(0.3) && !knobs.all_bounded);
             let spread_ms = crate::clock::millis(allowance) / 2;
             let told = if knobs.understate_skew {
                 allowance / 4

@@ -518,3 +518,20 @@ fn replay_clock_rates() {
     }
     println!("violations: {:#?}", r.violations);
 }
+
+/// `FLIGHTLOCK_SIM_BOUNDED_RATE_SEED=<n>`: a bounded clock-rate schedule
+/// (`lease_edge::bounded_rate_knobs`), its whole trace.
+#[test]
+fn replay_bounded_clock_rates() {
+    let Ok(seed) = std::env::var("FLIGHTLOCK_SIM_BOUNDED_RATE_SEED") else {
+        return;
+    };
+    let seed: u64 = seed
+        .parse()
+        .expect("FLIGHTLOCK_SIM_BOUNDED_RATE_SEED is a number");
+    let r = run(seed, super::lease_edge::bounded_rate_knobs());
+    for line in &r.trace {
+        println!("{line}");
+    }
+    println!("violations: {:#?}", r.violations);
+}

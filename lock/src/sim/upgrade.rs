@@ -17,7 +17,9 @@
 //! most N holders, N the key's number when the grant was decided); a participant whose
 //! acquisition started after the switch with the old number is refused, never granted, and one
 //! with the new number whose acquisition ended before it is refused too (nobody grants beyond
-//! what the key allows); every acquisition answers within its wait and a loose bound; most seeds
+//! what the key allows), and neither is answered busy unless one of its requests was refused or
+//! lost its answer (a `wait = 0` on a key whose permits are all held writes nothing: only its
+//! read can refuse it); every acquisition answers within its wait and a loose bound; most seeds
 //! switch, participants meet the switch both ways, and the new number is granted after it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -70,6 +72,8 @@ struct World {
     applied: Mutex<HashMap<String, Instant>>,
     /// Who believes it holds the key (its lost signal says whether it still may).
     holders: Mutex<Vec<(String, LostSignal)>>,
+    /// When each participant's latest request was refused or had its answer lost.
+    faulted: Mutex<HashMap<String, Instant>>,
     violations: Mutex<Vec<String>>,
     /// Acquisitions refused because the key has other permits (or a newer protocol).
     refused: AtomicUsize,
@@ -187,6 +191,13 @@ impl Storage for Faulty {
                 source: what.to_owned().into(),
             };
             tokio::time::sleep(go).await;
+            if refuse || lose {
+                this.world
+                    .faulted
+                    .lock()
+                    .unwrap()
+                    .insert(this.name.clone(), Instant::now());
+            }
             if refuse {
                 return Err(retry("refused"));
             }
@@ -354,6 +365,27 @@ async fn participant(world: Arc<World>, name: String, seed: u64, permits: u32, d
                     ));
                 }
             }
+            Err(Error::Busy { .. })
+                if ((switched.is_some_and(|s| s <= started) && permits == world.from)
+                    || (switched.is_none() && permits == world.to))
+                    && world
+                        .faulted
+                        .lock()
+                        .unwrap()
+                        .get(&name)
+                        .is_none_or(|&at| at < started) =>
+            {
+                // The key had other permits than ours for the whole call, and the call met no
+                // refusal or lost answer (a wait can run out on those before the key answers):
+                // every way of meeting the key (its read, its write, a look) must refuse, never
+                // answer busy (a skip).
+                world.violation(format!(
+                    "{name} ({permits} permit(s)): answered busy after {took:?} (wait {:?}) on a \
+                     key of {} permit(s) for the whole call",
+                    opts.wait,
+                    world.permits_at(started)
+                ));
+            }
             Err(_) => {} // busy, or the faults outlasted the budget
         }
     }
@@ -416,6 +448,7 @@ fn run_traced(seed: u64, trace: bool) -> Upgraded {
             switched: Mutex::new(None),
             applied: Mutex::default(),
             holders: Mutex::default(),
+            faulted: Mutex::default(),
             violations: Mutex::new(Vec::new()),
             refused: AtomicUsize::new(0),
             granted_after: AtomicUsize::new(0),

@@ -112,15 +112,29 @@ pub(super) async fn lease_watch(ctx: Ctx, stop: tokio_util::sync::CancellationTo
                 .ok()
                 .and_then(|s| s.get(&row.rvn).copied());
             if let Some(sent) = sent {
-                // The holder times its lease on its own clock, which may run slow: one lease of
-                // its clock after the version was sent (`rates.rs`).
-                let promised = sent + super::rates::true_duration(&who, lease);
+                // What the version keeps others from (`rates::promised`): clock-free, a lease of
+                // its holder's clock; bounded, the lease, whatever the holder's monotonic rate.
+                let promised = sent + super::rates::promised(&who, lease);
+                if !row.clock_free && sent + super::rates::true_duration(&who, lease) > promised {
+                    // A slow clock: a whole lease of it would outlast the promise, and only the
+                    // 64th it believes less keeps it inside (`heartbeat::believed`).
+                    ctx.with(|m| {
+                        if m.believed_slow.insert(row.rvn.clone()) {
+                            m.applied(crate::mutant::GUARD_BELIEVED);
+                        }
+                    });
+                }
                 if promised < until {
                     ctx.violation(format!(
                         "lease: {who} believes in {key} t{token} until {:?} from now, but the \
-                         stored version promises only {:?} (a lease of its clock, rate {:+}ppm)",
+                         stored version promises only {:?} ({}, its monotonic rate {:+}ppm)",
                         until.saturating_duration_since(Instant::now()),
                         promised.saturating_duration_since(Instant::now()),
+                        if row.clock_free {
+                            "a lease of its clock"
+                        } else {
+                            "its lease on wall clocks within the allowance"
+                        },
                         super::rates::ppm(&who)
                     ));
                     return;

@@ -18,10 +18,8 @@ pub fn cli(env: &Env) -> Command {
     c
 }
 
-async fn output(mut c: Command) -> Output {
-    tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap()
+async fn output(c: Command) -> Output {
+    output_within(c, Duration::from_secs(60), "a flightlock command").await
 }
 
 #[tokio::test]
@@ -116,13 +114,12 @@ async fn a_lock_lost_while_running_is_reported_and_fails_the_run() {
         .send()
         .await
         .unwrap();
-    let out = tokio::time::timeout(
+    let out = child_within(
+        child,
         Duration::from_secs(20),
-        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+        "--kill-on-lost stopping the command",
     )
-    .await
-    .expect("--kill-on-lost did not stop the command")
-    .unwrap();
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("LOCK LOST"), "{stderr}");
     assert_ne!(out.status.code(), Some(0));
@@ -149,9 +146,7 @@ async fn sigterm_is_passed_to_the_command_and_the_lock_released() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
+    let out = child_within(child, Duration::from_secs(20), "the command after SIGTERM").await;
     assert_eq!(out.status.code(), Some(9));
     assert!(env.queue("job").await.is_empty());
 }

@@ -1,4 +1,6 @@
 use std::collections::HashMap;
+use std::future::Future;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,8 +10,50 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType,
 };
 use aws_sdk_dynamodb::Client;
-use flightlock::{ClockSkew, LockOptions, Locker, Wait};
+use flightlock::{ClockSkew, LockGuard, LockOptions, Locker, LostReason, Wait};
 use flightlock_testkit::FaultProxy;
+
+/// Awaits `fut` for at most `bound`, so a test that waits for a signal (a grant, a loss, a task,
+/// a process) fails instead of hanging when the signal never comes: past the bound it fails
+/// naming what it awaited.
+pub async fn within<T>(bound: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(bound, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: nothing within {bound:?}"),
+    }
+}
+
+/// Runs `wait` (a blocking wait on the child process `pid`: its exit, its output) for at most
+/// `bound`; past it, kills the process and fails naming `what`. A command that never ends (a
+/// signal not passed on, a wait that never gives up) fails the test instead of hanging it.
+pub async fn blocking_within<T: Send + 'static>(
+    pid: u32,
+    bound: Duration,
+    what: &str,
+    wait: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    match tokio::time::timeout(bound, tokio::task::spawn_blocking(wait)).await {
+        Ok(done) => done.unwrap(),
+        Err(_) => {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            panic!("{what}: still running after {bound:?} (killed)")
+        }
+    }
+}
+
+/// Waits at most `bound` for `child` to exit, with its output (see [`blocking_within`]).
+pub async fn child_within(child: Child, bound: Duration, what: &str) -> Output {
+    let pid = child.id();
+    blocking_within(pid, bound, what, move || child.wait_with_output().unwrap()).await
+}
+
+/// Runs `command` to its end within `bound`, its stdout and stderr captured (as
+/// `Command::output` does), killing it past the bound (see [`blocking_within`]).
+pub async fn output_within(mut command: Command, bound: Duration, what: &str) -> Output {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    child_within(command.spawn().unwrap(), bound, what).await
+}
 
 /// A fresh table on the local server.
 pub struct Env {
@@ -53,6 +97,59 @@ impl Env {
             .queue(key, ClockSkew::Bounded(Duration::from_secs(1)))
             .await
             .unwrap()
+    }
+
+    /// [`within`], failing with what the key holds then (its counter and rows).
+    pub async fn within<T>(
+        &self,
+        key: &str,
+        bound: Duration,
+        what: &str,
+        fut: impl Future<Output = T>,
+    ) -> T {
+        match tokio::time::timeout(bound, fut).await {
+            Ok(v) => v,
+            Err(_) => panic!(
+                "{what}: nothing within {bound:?}; {key} holds {:#?}",
+                self.items(key).await
+            ),
+        }
+    }
+
+    /// Awaits every task (each unwrapped: a task that panicked fails the test) for at most
+    /// `bound` in all; past it, fails with what the key holds then.
+    pub async fn join_within<T>(
+        &self,
+        key: &str,
+        bound: Duration,
+        what: &str,
+        tasks: Vec<tokio::task::JoinHandle<T>>,
+    ) -> Vec<T> {
+        self.within(key, bound, what, async {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        })
+        .await
+    }
+
+    /// Waits at most `bound` for `guard`'s lost signal; past it, fails with what the guard and
+    /// the key show (a heartbeat that keeps succeeding never loses the lock).
+    pub async fn lost_within(&self, guard: &LockGuard, bound: Duration) -> LostReason {
+        match tokio::time::timeout(bound, guard.lost()).await {
+            Ok(reason) => reason,
+            Err(_) => panic!(
+                "{} t{} was never lost within {bound:?} (lost: {:?}, {} failed heartbeat(s)); \
+                 the key holds {:#?}",
+                guard.key(),
+                guard.token(),
+                guard.lost_reason(),
+                guard.heartbeat_failures(),
+                self.items(guard.key()).await
+            ),
+        }
     }
 
     /// Every item of the key's partition (counter and rows).

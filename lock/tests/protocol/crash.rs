@@ -58,7 +58,16 @@ async fn a_sigkilled_holder_is_passed_over_and_its_row_removed() {
     sigkill(&mut child);
     let killed = Instant::now();
 
-    let g = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let locker = env.locker().await;
+    let g = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the takeover of a SIGKILLed holder",
+            locker.acquire("k", &fast()),
+        )
+        .await
+        .unwrap();
     let takeover = killed.elapsed();
     // lease 1.5 s + allowance 0.3 s + poll; generous slack for a loaded machine.
     assert!(

@@ -80,7 +80,16 @@ async fn acquire_behind(
     let waiter = tokio::spawn(async move { locker.acquire("k", &opts).await });
     until_queue_len(env, "k", 2).await;
     first.release().await.unwrap();
-    let g = waiter.await.unwrap().unwrap();
+    let g = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the waiter behind a release",
+            waiter,
+        )
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         sk(&entry_item(env, g.owner()).await),
         format!("q#{:020}", g.token())
@@ -360,9 +369,7 @@ async fn a_malformed_row_is_named_with_the_way_out() {
     // `flightlock status` shows the same, and exits non-zero.
     let mut status = crate::cli::cli(&env);
     status.args(["status", "--key", "k"]);
-    let out = tokio::task::spawn_blocking(move || status.output().unwrap())
-        .await
-        .unwrap();
+    let out = output_within(status, Duration::from_secs(60), "flightlock status").await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -56,9 +56,13 @@ async fn twelve_contenders_never_overlap_and_lose_no_update() {
             }
         }));
     }
-    for t in tasks {
-        t.await.unwrap();
-    }
+    env.join_within(
+        "shared",
+        Duration::from_secs(120),
+        "twelve contenders",
+        tasks,
+    )
+    .await;
     assert!(!probe.overlapped(), "two holders at once");
     assert_strictly_increasing(&probe.tokens());
     let item = env

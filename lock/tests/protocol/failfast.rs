@@ -216,23 +216,24 @@ async fn a_silent_endpoint_is_retried_with_progress_lines_and_ctrl_c_is_truthful
     let endpoint = format!("http://{}", silent.local_addr().unwrap());
     let mut c = cli_at(&env, &endpoint);
     c.args(["run", "--key", "job", "--wait", "10m", "--", "true"]);
-    let (code, stderr) = tokio::task::spawn_blocking(move || {
-        let mut child: Child = c.stderr(Stdio::piped()).spawn().unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap());
-        let mut first = String::new();
-        // The first progress line (after a few seconds); EOF would mean the process gave up.
-        lines.read_line(&mut first).unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-            nix::sys::signal::Signal::SIGINT,
-        )
-        .unwrap();
-        let mut rest = String::new();
-        lines.read_to_string(&mut rest).unwrap();
-        (child.wait().unwrap().code(), first + &rest)
-    })
-    .await
-    .unwrap();
+    let mut child: Child = c.stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let (code, stderr) =
+        blocking_within(pid, LIMIT, "the run against a silent endpoint", move || {
+            let mut lines = BufReader::new(child.stderr.take().unwrap());
+            let mut first = String::new();
+            // The first progress line (after a few seconds); EOF would mean the process gave up.
+            lines.read_line(&mut first).unwrap();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+                nix::sys::signal::Signal::SIGINT,
+            )
+            .unwrap();
+            let mut rest = String::new();
+            lines.read_to_string(&mut rest).unwrap();
+            (child.wait().unwrap().code(), first + &rest)
+        })
+        .await;
     drop(silent);
     assert_eq!(code, Some(130), "{stderr}");
     assert!(

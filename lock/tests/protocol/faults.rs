@@ -109,7 +109,14 @@ async fn acquire_behind(env: &Env, holder: LockGuard, locker: &Locker) -> LockGu
     let task = tokio::spawn(async move { waiter.acquire("k", &fast()).await.unwrap() });
     until_queue_len(env, "k", 2).await;
     assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
-    task.await.unwrap()
+    env.within(
+        "k",
+        Duration::from_secs(10),
+        "the waiter behind a release",
+        task,
+    )
+    .await
+    .unwrap()
 }
 
 /// A (through the proxy, with `fault` on its first enqueue) and B race for the key. `contended`:
@@ -147,15 +154,22 @@ async fn race_with_fault(name: &str, fault: Fault, contended: bool) -> Probe {
     });
     tokio::time::sleep(Duration::from_millis(150)).await; // A's enqueue is in the proxy now
     let b = env.locker().await;
-    let g = b.acquire("k", &fast()).await.unwrap();
+    let g = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "b's grant",
+            b.acquire("k", &fast()),
+        )
+        .await
+        .unwrap();
     probe.enter("b", g.token());
     tokio::time::sleep(Duration::from_millis(200)).await;
     probe.leave();
     g.release().await.unwrap();
-    ta.await.unwrap();
-    if let Some(h) = h {
-        h.await.unwrap();
-    }
+    let tasks = std::iter::once(ta).chain(h).collect();
+    env.join_within("k", Duration::from_secs(10), "a's and h's holds", tasks)
+        .await;
     assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
     assert!(env.queue("k").await.is_empty());
     probe

@@ -26,9 +26,8 @@ async fn grants_follow_enqueue_order() {
         until_queue_len(&env, "k", i + 2).await;
     }
     holder.release().await.unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    env.join_within("k", Duration::from_secs(30), "six waiters in turn", tasks)
+        .await;
     assert_eq!(probe.order(), ["w0", "w1", "w2", "w3", "w4", "w5"]);
     assert_strictly_increasing(&probe.tokens());
     assert!(!probe.overlapped());
@@ -55,13 +54,20 @@ async fn a_holder_that_asks_again_queues_at_the_back() {
         until_queue_len(&env, "k", i + 2).await;
     }
     first.release().await.unwrap();
-    let again = x.acquire("k", &fast()).await.unwrap();
+    let again = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "x's turn",
+            x.acquire("k", &fast()),
+        )
+        .await
+        .unwrap();
     probe.enter("x", again.token());
     probe.leave();
     again.release().await.unwrap();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    env.join_within("k", Duration::from_secs(10), "the two waiters", tasks)
+        .await;
     assert_eq!(probe.order(), ["w0", "w1", "x"]);
 }
 

@@ -5,12 +5,15 @@
 use std::process::{Command, Output};
 
 use crate::cli::cli;
-use crate::common::Env;
+use crate::common::{output_within, Env};
 
-async fn output(mut c: Command) -> Output {
-    tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap()
+async fn output(c: Command) -> Output {
+    output_within(
+        c,
+        std::time::Duration::from_secs(60),
+        "a flightlock command",
+    )
+    .await
 }
 
 /// `run --key job --once <tick> [extra...] -- sh -c <script>`.

@@ -56,7 +56,10 @@ async fn a_waiter_and_a_holder_keep_their_pace() {
     let others = proxy.total() - looks;
     let beats = holder_proxy.count("UpdateItem");
     holder.release().await.unwrap();
-    let (granted, _waiting) = waiter.await.unwrap();
+    let (granted, _waiting) = env
+        .within("k", Duration::from_secs(10), "the waiter's turn", waiter)
+        .await
+        .unwrap();
     granted.unwrap().release().await.unwrap();
 
     let allowed = looks_allowed(HOLD, opts(Wait::Forever).poll);

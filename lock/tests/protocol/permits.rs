@@ -103,9 +103,13 @@ async fn a_free_permit_goes_to_the_earliest_waiter() {
     a.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     b.release().await.unwrap();
-    for w in waiters {
-        w.await.unwrap();
-    }
+    env.join_within(
+        "k",
+        Duration::from_secs(15),
+        "three waiters in turn",
+        waiters,
+    )
+    .await;
     assert_eq!(probe.order(), ["w0", "w1", "w2"]);
     let tokens = probe.tokens();
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
@@ -245,4 +249,161 @@ async fn an_uncontended_cycle_costs_two_requests_with_three_permits() {
     }
     assert_eq!(counts, [2, 2, 2]);
     other.release().await.unwrap();
+}
+
+/// Issue 36: a participant of another number meets a key whose permits are all held. A
+/// `wait = 0` writes nothing there (it would be busy), so only its read can refuse it: it must
+/// be refused (`PermitsMismatch`: exit 78, the Lambda error type), never answered busy, which
+/// would turn a misconfiguration into a silent skip. Bounded and clock-free alike.
+#[tokio::test]
+async fn a_full_key_refuses_another_number_even_with_wait_zero() {
+    let env = Env::new("permitsfull").await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(env.locker().await.acquire("k", &permits(3)).await.unwrap());
+    }
+    // What a write would change (the holders' heartbeats change their leases meanwhile).
+    let entries = || async {
+        env.items("k")
+            .await
+            .iter()
+            .map(|i| {
+                let text = |name: &str| i.get(name).map(|v| format!("{v:?}"));
+                (text("sk"), text("owner"), text("last"), text("lastOwner"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = entries().await;
+    for (n, clock_skew) in [
+        (1, fast().clock_skew),
+        (2, fast().clock_skew),
+        (1, flightlock::ClockSkew::Unbounded),
+        (2, flightlock::ClockSkew::Unbounded),
+    ] {
+        let opts = LockOptions {
+            wait: Wait::NoWait,
+            clock_skew,
+            ..permits(n)
+        };
+        let err = env
+            .within(
+                "k",
+                Duration::from_secs(10),
+                "a wait = 0 of another number",
+                env.locker().await.acquire("k", &opts),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::PermitsMismatch { table: 3, configured, .. } if configured == n),
+            "{n} permit(s), {clock_skew:?}: {err}"
+        );
+    }
+    assert_eq!(entries().await, before, "a refused participant wrote");
+    for g in held {
+        g.release().await.unwrap();
+    }
+}
+
+/// Issue 36: "refused before it judges, removes or writes". A waiter of two permits queued
+/// behind two live holders and eight rows that die while it waits; the key is raised to three
+/// meanwhile. Its look reads its own row and seven dead ones (a page) before the page that
+/// holds the counter: it reads the counter first, is refused, and removes nothing but its own
+/// row (removing first, it would remove seven rows before the next page refused it).
+#[tokio::test]
+async fn a_look_refused_for_other_permits_removes_nothing_first() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let env = Env::new("permitslook").await;
+    let live = now_ms() + 600_000;
+    let dying = now_ms() + 1_500;
+    let mut items = vec![flightlock::schema::seed::counter("k", 10)];
+    items[0].insert("lastOwner".into(), AttributeValue::S("o10:10".into()));
+    items[0].insert("protocol".into(), AttributeValue::N("2".into()));
+    items[0].insert("permits".into(), AttributeValue::N("2".into()));
+    for ticket in 1..=10 {
+        let until = if ticket <= 2 { live } else { dying };
+        let mut row = flightlock::schema::seed::row("k", ticket, &format!("o{ticket}"), "r", until);
+        row.insert("protocol".into(), AttributeValue::N("2".into()));
+        items.push(row);
+    }
+    env.put(items).await;
+    let opts = LockOptions {
+        wait: Wait::For(Duration::from_secs(8)),
+        ..permits(2)
+    };
+    let locker = env.locker().await;
+    let waiter = tokio::spawn(async move { locker.acquire("k", &opts).await.map(|g| g.token()) });
+    until_queue_len(&env, "k", 11).await;
+    env.client
+        .update_item()
+        .table_name(&env.table)
+        .key("pk", AttributeValue::S("k".into()))
+        .key("sk", AttributeValue::S("counter".into()))
+        .update_expression("SET #p = :p")
+        .expression_attribute_names("#p", "permits")
+        .expression_attribute_values(":p", AttributeValue::N("3".into()))
+        .send()
+        .await
+        .unwrap();
+    let answer = env
+        .within("k", Duration::from_secs(15), "the waiter's answer", waiter)
+        .await
+        .unwrap();
+    let rows: Vec<String> = env
+        .items("k")
+        .await
+        .iter()
+        .filter_map(|i| i["sk"].as_s().ok().cloned())
+        .filter(|sk| sk.starts_with("q#"))
+        .collect();
+    assert!(
+        matches!(
+            answer,
+            Err(Error::PermitsMismatch {
+                table: 3,
+                configured: 2,
+                ..
+            })
+        ),
+        "{answer:?}; rows left: {rows:?}"
+    );
+    assert_eq!(rows.len(), 10, "removed before it was refused: {rows:?}");
+}
+
+/// Issue 36: a holder of one permit on the seat, its key switched by hand to two permits (the
+/// seat was taken, so `flightlock permits --set` would have waited). Its next heartbeat is
+/// refused (`PermitsMismatch`): it loses the lock then, with that reason, not a lease later as
+/// an expired lease.
+#[tokio::test]
+async fn a_seat_switched_to_other_permits_is_lost_at_once_with_its_reason() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let env = Env::new("permitsseat").await;
+    let opts = LockOptions {
+        lease: Duration::from_secs(20),
+        heartbeat: Some(Duration::from_millis(300)),
+        ..fast()
+    };
+    let held = env.locker().await.acquire("k", &opts).await.unwrap();
+    env.client
+        .update_item()
+        .table_name(&env.table)
+        .key("pk", AttributeValue::S("k".into()))
+        .key("sk", AttributeValue::S("counter".into()))
+        .update_expression("SET #proto = :two, #p = :two")
+        .expression_attribute_names("#proto", "protocol")
+        .expression_attribute_names("#p", "permits")
+        .expression_attribute_values(":two", AttributeValue::N("2".into()))
+        .send()
+        .await
+        .unwrap();
+    let switched = std::time::Instant::now();
+    // The next heartbeat, well within the lease (20 s): an expired lease would come after it.
+    let reason = env.lost_within(&held, Duration::from_secs(5)).await;
+    assert_eq!(
+        reason,
+        flightlock::LostReason::PermitsMismatch,
+        "after {:?}",
+        switched.elapsed()
+    );
+    assert!(reason.to_string().contains("permits"), "{reason}");
 }

@@ -41,8 +41,16 @@ async fn race(name: &str, offset_ms: i64, skew: ClockSkew) -> (Instant, Instant)
         ga.lost().await;
         Instant::now()
     });
-    let (lost_at, granted_at) = tokio::join!(lost, waiter);
-    (lost_at.unwrap(), granted_at.unwrap())
+    let granted = within(
+        Duration::from_secs(15),
+        "B's takeover from A, cut off",
+        waiter,
+    );
+    let (lost_at, granted_at) = tokio::join!(lost, granted);
+    (
+        lost_at.expect("A never learnt it lost the lock"),
+        granted_at.unwrap(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,5 +121,7 @@ async fn clock_free_waiter_never_takes_over_from_a_live_holder() {
     assert!(!waiter.is_finished(), "took over from a live holder");
     assert!(!holder.is_lost());
     holder.release().await.unwrap();
-    waiter.await.unwrap();
+    env.within("k", Duration::from_secs(10), "the waiter's turn", waiter)
+        .await
+        .unwrap();
 }

@@ -166,7 +166,9 @@ async fn contend(a: &Locker, b: &Locker, key: &str, a_opts: LockOptions, b_opts:
     });
     tokio::time::sleep(HOLD).await;
     g.release_done().await.unwrap();
-    waiter.await.unwrap();
+    within(Duration::from_secs(10), "the waiter's turn", waiter)
+        .await
+        .unwrap();
 }
 
 /// The schedules whose requests make up the snapshot of protocol 1: every request kind of the
@@ -284,7 +286,9 @@ async fn record_permits() -> BTreeSet<String> {
     for g in held.drain(..) {
         g.release().await.unwrap();
     }
-    waiter.await.unwrap();
+    within(Duration::from_secs(10), "the fourth's turn", waiter)
+        .await
+        .unwrap();
     // The hint: a row at the next ticket, granted at once.
     lockers[0]
         .acquire("three", &three)

@@ -114,7 +114,16 @@ async fn a_duplicate_waiting_while_the_first_runs_is_done_after_it() {
     let waiter = tokio::spawn(async move { dup.acquire("k", &at(T1)).await.map(|g| g.token()) });
     until_queue_len(&env, "k", 2).await;
     first.release_done().await.unwrap();
-    let err = waiter.await.unwrap().unwrap_err();
+    let err = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the duplicate's answer",
+            waiter,
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(is_done(&err), "{err}");
     nothing_held(&env, "k").await;
 }
@@ -130,7 +139,11 @@ async fn a_queue_row_marks_its_tick_too() {
     });
     until_queue_len(&env, "k", 2).await;
     first.release().await.unwrap(); // T1 failed
-    assert_eq!(run.await.unwrap(), ReleaseOutcome::Released); // T2 held a row, succeeded
+    let released = env
+        .within("k", Duration::from_secs(10), "T2's run", run)
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseOutcome::Released); // T2 held a row, succeeded
     let locker = env.locker().await;
     assert!(is_done(&locker.acquire("k", &at(T2)).await.unwrap_err()));
     // T1 is below the watermark now: a schedule never runs backwards.
@@ -310,7 +323,16 @@ async fn an_overrun_then_three_ticks_runs_once_more_for_the_newest() {
         });
         if let Some(older) = waiting.take() {
             // The older waiter sees the newer tick behind it and withdraws.
-            let e = older.await.unwrap().unwrap_err();
+            let e = env
+                .within(
+                    "k",
+                    Duration::from_secs(10),
+                    "the older waiter's withdrawal",
+                    older,
+                )
+                .await
+                .unwrap()
+                .unwrap_err();
             assert!(matches!(e, Error::Superseded { .. }), "{e}");
             superseded += 1;
         }
@@ -320,7 +342,11 @@ async fn an_overrun_then_three_ticks_runs_once_more_for_the_newest() {
     }
     assert_eq!(superseded, 2);
     first.release_done().await.unwrap();
-    waiting.unwrap().await.unwrap().unwrap();
+    let last = waiting.unwrap();
+    env.within("k", Duration::from_secs(10), "T4's run", last)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(probe.order(), ["T4"]);
     nothing_held(&env, "k").await;
     // A late T3 or T4 is done (T4 succeeded: the watermark covers both).
@@ -349,11 +375,29 @@ async fn coalescing_without_ticks_keeps_the_latest_arrival() {
     until_queue_len(&env, "k", 2).await;
     let late = env.locker().await;
     let late = tokio::spawn(async move { late.acquire("k", &coalescing(None)).await });
-    let e = early.await.unwrap().unwrap_err();
+    let e = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the early arrival's withdrawal",
+            early,
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(matches!(e, Error::Superseded { .. }), "{e}");
     assert_eq!(env.queue("k").await.len(), 2);
     first.release().await.unwrap();
-    let g = late.await.unwrap().unwrap();
+    let g = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the late arrival's turn",
+            late,
+        )
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(g.token(), 3);
     g.release().await.unwrap();
     nothing_held(&env, "k").await;
@@ -369,16 +413,43 @@ async fn a_coalescing_waiter_behind_a_queue_row_sees_a_newer_tick() {
     let plain = tokio::spawn(async move { plain.acquire("k", &fast()).await.unwrap() });
     until_queue_len(&env, "k", 2).await;
     seat.release().await.unwrap();
-    let row_holder = plain.await.unwrap();
+    let row_holder = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the plain waiter's turn",
+            plain,
+        )
+        .await
+        .unwrap();
     let older = env.locker().await;
     let older = tokio::spawn(async move { older.acquire("k", &coalescing(Some(T1))).await });
     until_queue_len(&env, "k", 2).await;
     let newer = env.locker().await;
     let newer = tokio::spawn(async move { newer.acquire("k", &coalescing(Some(T2))).await });
-    let e = older.await.unwrap().unwrap_err();
+    let e = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the older waiter's withdrawal",
+            older,
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(matches!(e, Error::Superseded { .. }), "{e}");
     row_holder.release().await.unwrap();
-    newer.await.unwrap().unwrap().release_done().await.unwrap();
+    let newer = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the newer waiter's turn",
+            newer,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    newer.release_done().await.unwrap();
     nothing_held(&env, "k").await;
 }
 

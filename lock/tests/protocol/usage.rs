@@ -10,10 +10,13 @@ use aws_sdk_dynamodb::types::{
 use crate::cli::cli;
 use crate::common::*;
 
-async fn output(mut c: std::process::Command) -> Output {
-    tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap()
+async fn output(c: std::process::Command) -> Output {
+    output_within(
+        c,
+        std::time::Duration::from_secs(60),
+        "a flightlock command",
+    )
+    .await
 }
 
 /// Runs `args` and asserts exit 2 and that stderr holds every one of `needles`.

@@ -68,10 +68,8 @@ fn is_too_new(e: &Error) -> bool {
     matches!(e, Error::ProtocolTooNew { table, speaks, .. } if *table == NEWER && *speaks == PROTOCOL)
 }
 
-async fn output(mut c: std::process::Command) -> Output {
-    tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap()
+async fn output(c: std::process::Command) -> Output {
+    output_within(c, Duration::from_secs(60), "a flightlock command").await
 }
 
 #[tokio::test]
@@ -200,9 +198,21 @@ async fn a_switch_under_a_holder_and_a_waiter_fails_both_closed() {
         .send()
         .await
         .unwrap();
-    let err = waiting.await.unwrap().unwrap_err();
+    // Its next look (within a poll) refuses it; its wait (20 s) is only the backstop.
+    let err = env
+        .within(
+            "k",
+            Duration::from_secs(10),
+            "the waiter's refusal",
+            waiting,
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(is_too_new(&err), "{err}");
-    let reason = held.lost().await;
+    // The holder's next heartbeat (every 300 ms) is refused: lost well within its lease (1.5 s).
+    // A seat heartbeat that ignored the version would never be refused: fail, do not wait.
+    let reason = env.lost_within(&held, Duration::from_secs(5)).await;
     assert_eq!(reason, flightlock::LostReason::ProtocolTooNew);
     // Only the holder's seat is left (this build cannot release it: it is passed over by the
     // newer protocol's participants once its lease ends); the waiter removed its own row.
