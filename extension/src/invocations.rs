@@ -8,10 +8,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
+use crate::lock_api::Records;
 use crate::otel::HoldTrace;
 use crate::runtime_process::Proc;
 
@@ -28,7 +29,14 @@ pub use flightlock_lambda::gate::Held;
 pub struct Slot {
     created: Instant,
     seen: watch::Sender<bool>,
+    /// Set when the event went to the runtime: from then until done, the handler may call the
+    /// lock API for this invocation.
+    handed_over: std::sync::atomic::AtomicBool,
     done: watch::Sender<bool>,
+    /// The invocation's deadline, once its event was fetched.
+    deadline: Mutex<Option<SystemTime>>,
+    /// The locks its handler took through the lock API.
+    records: Records,
     held: Mutex<Option<Held>>,
     runtime: Mutex<Option<Proc>>,
     /// The hold's OTLP span in the making (OTLP export on, sampled trace, lock held).
@@ -42,7 +50,10 @@ impl Slot {
         Slot {
             created: Instant::now(),
             seen: watch::channel(false).0,
+            handed_over: std::sync::atomic::AtomicBool::new(false),
             done: watch::channel(false).0,
+            deadline: Mutex::new(None),
+            records: Records::default(),
             held: Mutex::new(None),
             runtime: Mutex::new(None),
             hold_trace: Mutex::new(None),
@@ -59,6 +70,28 @@ impl Slot {
     /// Marks the event as fetched through the proxy.
     pub fn mark_seen(&self) {
         self.seen.send_replace(true);
+    }
+
+    /// Marks the event as handed to the runtime, due at `deadline`.
+    pub fn mark_handed_over(&self, deadline: Option<SystemTime>) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
+        self.handed_over
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True once the event went to the runtime.
+    pub fn handed_over(&self) -> bool {
+        self.handed_over.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The invocation's deadline, if known.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The locks its handler took through the lock API.
+    pub fn records(&self) -> &Records {
+        &self.records
     }
 
     /// Marks the invocation finished (answered and released).
@@ -191,6 +224,11 @@ impl Invocations {
     /// Takes every held lock (for shutdown).
     pub fn take_all_held(&self) -> Vec<Held> {
         self.lock().values().filter_map(|s| s.take_held()).collect()
+    }
+
+    /// Every slot (for shutdown).
+    pub fn all(&self) -> Vec<Arc<Slot>> {
+        self.lock().values().cloned().collect()
     }
 
     /// Takes every held lock with its hold's trace, if traced (for shutdown).

@@ -14,6 +14,7 @@
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
 //! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::admit` locks each one within its deadline (through the shared gate) and releases, `proxy::context` hands the ticket to the handler in the client context |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
+//! | `lock_api` | the lock API on the proxy's listener: the handler takes and releases locks of its own (a lock per record of a batch), all released when its invocation ends |
 //! | `mode` | the execution mode (standard or Lambda Managed Instances) and what it registers (pure) |
 //! | `extensions_api` | the Extensions and Telemetry API client (requests pure, sending thin) |
 //! | `lifecycle` | Extensions API events: INVOKE (wait until done; unenforced detection), SHUTDOWN; the Managed Instances unenforced check |
@@ -39,6 +40,7 @@ pub mod crash_watch;
 pub mod extensions_api;
 pub mod invocations;
 pub mod lifecycle;
+pub mod lock_api;
 pub mod metrics;
 pub mod mode;
 pub mod otel;

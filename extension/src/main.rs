@@ -121,6 +121,19 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
+    if !settings.gate {
+        tracing::info!(
+            "FLIGHTLOCK_GATE=off: no invocation is gated (FLIGHTLOCK_KEY, FLIGHTLOCK_ON_BUSY, \
+             FLIGHTLOCK_TICK and FLIGHTLOCK_COALESCE are not used); the handler locks through \
+             the lock API"
+        );
+    }
+    if settings.api_token.is_none() {
+        tracing::warn!(
+            "AWS_SESSION_TOKEN is not set: the lock API refuses every call (Lambda always sets \
+             it; set it when emulating Lambda locally)"
+        );
+    }
     let config = Arc::new(config);
     let upstream = settings
         .upstream
@@ -168,6 +181,8 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     )
     .with_port(settings.proxy_port)
     .with_mode(mode)
+    .with_gating(settings.gate)
+    .with_api_token(settings.api_token.clone())
     .with_limits(proxy::Limits {
         max_connections: mode::connection_cap(&env),
         ..proxy::Limits::default()

@@ -127,6 +127,11 @@ pub struct Proxy {
     /// The OTLP export of the wait and hold spans ([`crate::otel`]); `None` without an
     /// endpoint, and then no span is made.
     traces: Option<Arc<Traces>>,
+    /// `FLIGHTLOCK_GATE`: each invocation runs under its key (true), or none is gated and the
+    /// handler locks through the lock API alone.
+    gating: bool,
+    /// What callers of the lock API must send ([`crate::lock_api`]); `None`: it refuses all.
+    api_token: Option<String>,
 }
 
 impl Proxy {
@@ -159,7 +164,38 @@ impl Proxy {
             releasing: tokio::sync::watch::channel(0).0,
             mode: Mode::Standard,
             traces: None,
+            gating: true,
+            api_token: None,
         }
+    }
+
+    /// Gates each invocation under its key (`true`, the default) or none (`false`): the
+    /// handler then locks what it needs through the lock API.
+    pub fn with_gating(mut self, gating: bool) -> Proxy {
+        self.gating = gating;
+        self
+    }
+
+    /// Serves the lock API to callers that send `token` (the function's `AWS_SESSION_TOKEN`;
+    /// see [`crate::lock_api`]). Without it every call is refused.
+    pub fn with_api_token(mut self, token: Option<String>) -> Proxy {
+        self.api_token = token;
+        self
+    }
+
+    /// What callers of the lock API must send, if it is on.
+    pub fn api_token(&self) -> Option<&str> {
+        self.api_token.as_deref()
+    }
+
+    /// The `FLIGHTLOCK_*` configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Who holds a lock taken for invocation `request_id`, as its row tells people.
+    pub fn holder(&self, request_id: &str) -> flightlock::HolderInfo {
+        self.current_gate().holder(request_id)
     }
 
     /// Exports the wait and hold spans of invocations in sampled traces through `traces`.
@@ -313,6 +349,12 @@ impl Proxy {
         req: Request<Incoming>,
         conn: Option<Conn>,
     ) -> Result<Response<ProxyBody>, Infallible> {
+        if let Some(call) = crate::lock_api::route(req.method(), req.uri().path()) {
+            return Ok(match call {
+                Ok(call) => crate::lock_api::serve(&self, call, req).await,
+                Err(refusal) => crate::lock_api::refused(refusal),
+            });
+        }
         let response = match route(req.method(), req.uri().path()) {
             Route::Next => {
                 let resp = self.clone().next(req).await;

@@ -269,10 +269,12 @@ impl CallerContext {
         self.removed
     }
 
-    /// The caller's context with `ours` added, written anew (see the module docs).
-    pub fn merge(&self, ours: &Handover) -> Merged {
+    /// The caller's context with `ours` added (none for an invocation that is not gated: the
+    /// caller's reserved entries are removed all the same), written anew (see the module docs).
+    pub fn merge(&self, ours: Option<&Handover>) -> Merged {
         let mut entries: Vec<(&'static str, String)> = ours
-            .entries()
+            .map(Handover::entries)
+            .unwrap_or_default()
             .into_iter()
             .map(|(name, value)| (name, ascii_json_string(&value)))
             .collect();

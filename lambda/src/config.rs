@@ -59,10 +59,13 @@ pub const STALE_AFTER: &str = "FLIGHTLOCK_STALE_AFTER";
 pub const COALESCE: &str = "FLIGHTLOCK_COALESCE";
 /// How many invocations may hold the key at a time (a FIFO counting semaphore): 1 to 100.
 pub const PERMITS: &str = "FLIGHTLOCK_PERMITS";
+/// Whether the extension gates each invocation under its key (`on`), or gates nothing and only
+/// serves the lock API to the handler (`off`; parsed by `flightlock_extension::config`).
+pub const GATE: &str = "FLIGHTLOCK_GATE";
 
 /// Every `FLIGHTLOCK_*` variable of the Lambda integration: what [`Config::from_map`] accepts.
-/// It parses all but [`PROXY_PORT`], [`UPSTREAM`] and [`WRAPPER_CHECK`], which only the extension
-/// reads (and parses); the in-process layer accepts and ignores them.
+/// It parses all but [`PROXY_PORT`], [`UPSTREAM`], [`WRAPPER_CHECK`] and [`GATE`], which only the
+/// extension reads (and parses); the in-process layer accepts and ignores them.
 pub const KNOWN: &[&str] = &[
     TABLE,
     KEY,
@@ -81,6 +84,7 @@ pub const KNOWN: &[&str] = &[
     STALE_AFTER,
     COALESCE,
     PERMITS,
+    GATE,
 ];
 
 /// Lambda's variable with the function name (the default key).
@@ -389,16 +393,33 @@ impl Config {
         now: SystemTime,
         holder: HolderInfo,
     ) -> LockOptions {
+        let options = self.lock_options_waiting(self.wait, deadline, now, holder);
+        LockOptions {
+            coalesce: self.coalesce && options.wait != Wait::NoWait,
+            ..options
+        }
+    }
+
+    /// [`Config::lock_options`] with `wait` in place of `FLIGHTLOCK_WAIT` (still capped at the
+    /// deadline) and never coalescing: the options of a lock the handler asks for through the
+    /// extension's lock API.
+    pub fn lock_options_waiting(
+        &self,
+        wait: Wait,
+        deadline: Option<SystemTime>,
+        now: SystemTime,
+        holder: HolderInfo,
+    ) -> LockOptions {
         let wait = match deadline {
-            None => self.wait,
+            None => wait,
             Some(d) => {
                 let left = d
                     .checked_sub(self.deadline_margin)
                     .and_then(|d| d.duration_since(now).ok())
                     .unwrap_or(Duration::ZERO);
-                match self.wait.as_duration() {
+                match wait.as_duration() {
                     _ if left.is_zero() => Wait::NoWait,
-                    Some(w) if w <= left => self.wait,
+                    Some(w) if w <= left => wait,
                     _ => Wait::For(left),
                 }
             }
@@ -410,7 +431,7 @@ impl Config {
             clock_skew: self.clock_skew,
             holder,
             lease_cap: deadline.map(|d| d + LEASE_CAP_GRACE),
-            coalesce: self.coalesce && wait != Wait::NoWait,
+            coalesce: false,
             permits: self.permits,
             ..LockOptions::default()
         }

@@ -171,6 +171,15 @@ impl Gate {
         &self.metrics
     }
 
+    /// Who holds a lock taken for invocation `request_id`, as its row tells people.
+    pub fn holder(&self, request_id: &str) -> HolderInfo {
+        HolderInfo {
+            function: self.config.function_name.clone(),
+            request_id: Some(request_id.to_owned()),
+            host: Some(self.host.clone()),
+        }
+    }
+
     /// Decides invocation `request_id` with raw `event` bytes, its `deadline` and its `tenant`
     /// id (tenant isolation mode; `None` otherwise). Records `key`, `tick`, `ticket` and
     /// `waited_ms` on the current span (the adapter's `invocation` span).
@@ -199,11 +208,7 @@ impl Gate {
         if let Some(t) = &tick_text {
             span.record("tick", t.as_str());
         }
-        let holder = HolderInfo {
-            function: self.config.function_name.clone(),
-            request_id: Some(request_id.to_owned()),
-            host: Some(self.host.clone()),
-        };
+        let holder = self.holder(request_id);
         let opts = LockOptions {
             tick: tick.clone(),
             ..self

@@ -149,9 +149,18 @@ impl Proxy {
         }
     }
 
-    /// Releases the lock held by `slot`, if any, after a run that ended as `run` (a succeeded
-    /// run marks its tick done).
+    /// Releases the locks of `slot` after a run that ended as `run`: the gate's lock, if any (a
+    /// succeeded run marks its tick done), and every lock its handler took through the lock API
+    /// (the invocation ended: none outlives it).
     pub async fn release(&self, slot: &Slot, run: Run) {
+        let _in_flight = Releasing::start(&self.releasing);
+        let records = crate::lock_api::release_all(slot);
+        let gated = self.release_gated(slot, run);
+        futures::future::join(records, gated).await;
+    }
+
+    /// Releases the gate's lock held by `slot`, if any.
+    async fn release_gated(&self, slot: &Slot, run: Run) {
         if let Some(held) = slot.take_held() {
             let trace = slot.take_hold_trace();
             let how = match run {
@@ -159,7 +168,6 @@ impl Proxy {
                 Run::Succeeded => HoldEnd::Ran,
                 Run::Failed => HoldEnd::Failed,
             };
-            let _in_flight = Releasing::start(&self.releasing);
             self.current_gate().release(held, run).await;
             self.trace_hold(trace, how);
         }
@@ -207,8 +215,19 @@ impl Proxy {
                 self.trace_hold(trace, how);
             }
         }));
+        // And every lock a handler took through the lock API: its invocation never answered.
+        let slots = self.invocations.all();
+        let records =
+            futures::future::join_all(slots.iter().map(|s| crate::lock_api::release_all(s)));
         let all = async {
-            releases.await;
+            let (_, records) = futures::future::join(releases, records).await;
+            let records: usize = records.into_iter().sum();
+            if records > 0 {
+                tracing::info!(
+                    released = records,
+                    "released the lock API's locks at shutdown"
+                );
+            }
             // Releases already under way elsewhere (the watch of a runtime that died just
             // before SHUTDOWN) finish too: exiting now would drop their delete.
             let _ = self.releasing.subscribe().wait_for(|n| *n == 0).await;

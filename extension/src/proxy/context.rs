@@ -20,9 +20,14 @@ pub(super) fn caller(headers: &HeaderMap) -> Result<CallerContext, Unreadable> {
 }
 
 /// Replaces the client context header of an event's `headers` with `caller`'s context and
-/// `handover`'s entries. Whatever is left out (no room within the Invoke API's limit) or removed
+/// `handover`'s entries (none when the invocation is not gated: the caller's are removed all
+/// the same). Whatever is left out (no room within the Invoke API's limit) or removed
 /// (a caller's `flightlock*` entries) is logged as a warning on the current span.
-pub(super) fn hand_over(headers: &mut HeaderMap, caller: &CallerContext, handover: &Handover) {
+pub(super) fn hand_over(
+    headers: &mut HeaderMap,
+    caller: &CallerContext,
+    handover: Option<&Handover>,
+) {
     let merged = caller.merge(handover);
     if merged.removed > 0 {
         tracing::warn!(
@@ -71,7 +76,7 @@ mod tests {
 
     fn handed(headers: &mut HeaderMap) -> Result<serde_json::Value, Unreadable> {
         let caller = caller(headers)?;
-        hand_over(headers, &caller, &ours());
+        hand_over(headers, &caller, Some(&ours()));
         assert_eq!(headers.get_all(CLIENT_CONTEXT_HEADER).iter().count(), 1);
         Ok(serde_json::from_slice(headers[CLIENT_CONTEXT_HEADER].as_bytes()).unwrap())
     }

@@ -196,20 +196,29 @@ impl Proxy {
                     .and_then(crate::otel::xray::parse)
                     .filter(|t| t.sampled)
             });
-            if let Some(handover) = self
-                .admit(&id, &slot, deadline, &event, tenant.as_deref(), trace)
-                .instrument(span.clone())
-                .await
-            {
-                // Note which runtime receives the event, to notice if it dies mid-invocation.
-                slot.set_runtime(self.runtime_process().await);
-                // The one change to the event: the handler's client context gets its lock.
-                let mut rparts = rparts;
-                span.in_scope(|| {
-                    super::context::hand_over(&mut rparts.headers, &caller, &handover)
-                });
-                return Ok(Response::from_parts(rparts, full(event)));
-            }
+            // The gate decides (skipped or failed invocations were answered here and are done)
+            // unless FLIGHTLOCK_GATE is off; either way the caller's flightlock* entries go.
+            let handover = if self.gating {
+                match self
+                    .admit(&id, &slot, deadline, &event, tenant.as_deref(), trace)
+                    .instrument(span.clone())
+                    .await
+                {
+                    Some(handover) => Some(handover),
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            // Note which runtime receives the event, to notice if it dies mid-invocation.
+            slot.set_runtime(self.runtime_process().await);
+            // The one change to the event: the handler's client context gets its lock.
+            let mut rparts = rparts;
+            span.in_scope(|| {
+                super::context::hand_over(&mut rparts.headers, &caller, handover.as_ref())
+            });
+            slot.mark_handed_over(deadline);
+            return Ok(Response::from_parts(rparts, full(event)));
         }
     }
 }

@@ -21,6 +21,10 @@ use tokio::net::TcpListener;
 pub const NEXT: &str = "/2018-06-01/runtime/invocation/next";
 pub const RESTORE_NEXT: &str = "/2018-06-01/runtime/restore/next";
 
+/// The session token the proxies of these tests accept on the lock API (Lambda's
+/// `AWS_SESSION_TOKEN`).
+pub const SESSION_TOKEN: &str = "test-session-token";
+
 /// How long a test waits for something the double should see.
 pub const LIMIT: Duration = Duration::from_secs(60);
 
@@ -84,6 +88,7 @@ pub async fn start_proxy_full(
         // No EMF lines on the test output.
         ("FLIGHTLOCK_METRICS", "off"),
         ("AWS_LAMBDA_RUNTIME_API", upstream.as_str()),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN),
     ]
     .iter()
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -92,13 +97,16 @@ pub async fn start_proxy_full(
         env.insert((*k).to_owned(), (*v).to_owned());
     }
     let config = Arc::new(Config::from_map(&env).unwrap());
+    let settings = flightlock_extension::config::Settings::from_map(&env).unwrap();
     let gate = Gate::new(
         config.clone(),
         Locker::new(client, &config.table),
         host.to_owned(),
     );
-    let mut proxy =
-        Proxy::new(gate, Arc::new(Invocations::default()), upstream).with_limits(limits);
+    let mut proxy = Proxy::new(gate, Arc::new(Invocations::default()), upstream)
+        .with_limits(limits)
+        .with_gating(settings.gate)
+        .with_api_token(settings.api_token);
     if let Some(t) = traces {
         proxy = proxy.with_traces(t);
     }
@@ -163,4 +171,35 @@ pub async fn respond(port: u16, id: &str, body: &str) -> StatusCode {
     let status = resp.status();
     let _ = resp.into_body().collect().await;
     status
+}
+
+/// A call of the lock API on `port` for invocation `id` (`op`: acquire, release, locks), with
+/// the session token `token` if given; returns the status and the JSON body.
+pub async fn lock_api(
+    port: u16,
+    token: Option<&str>,
+    id: &str,
+    op: &str,
+    body: Option<serde_json::Value>,
+) -> (StatusCode, serde_json::Value) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let uri = format!("http://127.0.0.1:{port}/flightlock/v1/invocations/{id}/{op}");
+    let mut req = match &body {
+        Some(_) => Request::post(uri),
+        None => Request::get(uri),
+    };
+    if let Some(t) = token {
+        req = req.header("x-flightlock-token", t);
+    }
+    let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+    let resp = tokio::time::timeout(LIMIT, client.request(req.body(Full::new(body)).unwrap()))
+        .await
+        .expect("the proxy answered")
+        .unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)));
+    (status, value)
 }

@@ -19,7 +19,7 @@ fn read_one(caller: &[u8]) -> Result<CallerContext, Unreadable> {
 
 /// Reads `caller` as one header and merges `ours` into it.
 fn merge(caller: Option<&[u8]>, ours: &Handover) -> Result<Merged, Unreadable> {
-    Ok(read(caller)?.merge(ours))
+    Ok(read(caller)?.merge(Some(ours)))
 }
 
 fn header(m: Result<Merged, Unreadable>) -> (Value, String, Vec<&'static str>, usize) {
@@ -586,4 +586,15 @@ fn no_forged_entry_survives_whatever_the_bytes() {
         accepted > 500 && refused > 500,
         "{accepted} accepted, {refused} refused"
     );
+}
+
+#[test]
+fn without_a_handover_the_callers_reserved_entries_still_go() {
+    // FLIGHTLOCK_GATE=off: nothing of ours is added, and nothing forged is handed on.
+    let caller = br#"{"custom":{"flightlockTicket":"999","a":"b"},"env":{"x":"y"}}"#;
+    let merged = read(Some(&caller[..])).unwrap().merge(None);
+    let v: Value = serde_json::from_str(&merged.value).unwrap();
+    assert_eq!(v["custom"], serde_json::json!({"a": "b"}), "{v}");
+    assert_eq!(v["env"]["x"], "y");
+    assert_eq!(merged.removed, 1);
 }
