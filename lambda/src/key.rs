@@ -1,6 +1,8 @@
 //! Lock keys rendered from the invocation (`FLIGHTLOCK_KEY`): `job-{/detail/accountId}` reads
-//! the event, `job-{tenant}` the tenant of a function in tenant isolation mode. Pure; the
-//! event's fields are found by a streaming walk (`key/seek.rs`), so no tree of the event is built.
+//! the event, `job-{tenant}` the tenant of a function in tenant isolation mode, and
+//! `order-{/Records/0/body|json/orderId}` a field of JSON text held in a string of the event (an
+//! SQS message's body, a `detail` sent as a string). Pure; the event's fields are found by a
+//! streaming walk (`key/seek.rs`), so no tree of the event is built.
 
 use std::fmt;
 
@@ -13,10 +15,17 @@ use seek::Found;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Text(String),
-    Pointer(String),
+    /// `{/a|json/b}`: JSON pointers, each after the first read in the JSON text of the string
+    /// the one before found. Kept with the placeholder as written, for errors.
+    Pointer(Vec<String>, String),
     /// `{tenant}`: the invocation's tenant id.
     Tenant,
 }
+
+/// Written after a JSON pointer in a placeholder (`{/Records/0/body|json/orderId}`): the field
+/// is a string holding JSON text, and the pointer after it reads that text. It can be chained
+/// (`{/a|json/b|json/c}`). A field name containing `|json` cannot be read.
+pub const JSON_TEXT: &str = "|json";
 
 /// The placeholder for the invocation's tenant id. Lambda hands it to the runtime in the
 /// `Lambda-Runtime-Aws-Tenant-Id` header of each event when the function's
@@ -53,6 +62,16 @@ pub enum KeyError {
         template: String,
         /// The JSON pointer.
         pointer: String,
+    },
+    /// A placeholder reads JSON text (`|json`) from a field that is not a string of JSON.
+    #[error("the key template {template:?} reads {pointer} as JSON text, but {problem}")]
+    NotJsonText {
+        /// The template.
+        template: String,
+        /// The pointer to the field.
+        pointer: String,
+        /// What the field is instead.
+        problem: String,
     },
     /// A placeholder points at an object or array.
     #[error("the key template {template:?}: event field {pointer} is an object or array; point at a string, number or boolean")]
@@ -120,7 +139,15 @@ impl KeyTemplate {
                     let part = if pointer == "tenant" {
                         Part::Tenant
                     } else if pointer.starts_with('/') {
-                        Part::Pointer(pointer)
+                        let chain: Vec<String> =
+                            pointer.split(JSON_TEXT).map(str::to_owned).collect();
+                        if let Some(bad) = chain[1..].iter().find(|p| !p.starts_with('/')) {
+                            return Err(format!(
+                                "placeholder `{{{pointer}}}`: `{JSON_TEXT}` must be followed by a \
+                                 JSON pointer (starting with /), not {bad:?}"
+                            ));
+                        }
+                        Part::Pointer(chain, pointer)
                     } else {
                         return Err(format!(
                             "placeholder `{{{pointer}}}` is neither {TENANT_PLACEHOLDER} nor a JSON \
@@ -149,7 +176,7 @@ impl KeyTemplate {
 
     /// True if the template reads the event.
     pub fn reads_event(&self) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::Pointer(_)))
+        self.parts.iter().any(|p| matches!(p, Part::Pointer(..)))
     }
 
     /// True if the template uses the tenant id.
@@ -185,27 +212,8 @@ impl KeyTemplate {
             match part {
                 Part::Text(t) => key.push_str(t),
                 Part::Tenant => key.push_str(self.tenant(tenant)?),
-                Part::Pointer(p) => {
-                    let found =
-                        seek::find(event, &seek::tokens(p)).map_err(|e| KeyError::NotJson {
-                            template: self.source.clone(),
-                            problem: e.to_string(),
-                        })?;
-                    match found {
-                        Found::Str(s) | Found::Scalar(s) => key.push_str(&s),
-                        Found::Missing => {
-                            return Err(KeyError::Missing {
-                                template: self.source.clone(),
-                                pointer: p.clone(),
-                            })
-                        }
-                        Found::Composite => {
-                            return Err(KeyError::NotScalar {
-                                template: self.source.clone(),
-                                pointer: p.clone(),
-                            })
-                        }
-                    }
+                Part::Pointer(chain, written) => {
+                    key.push_str(&self.seek(event, chain, written)?);
                 }
             }
         }
@@ -242,24 +250,9 @@ impl KeyTemplate {
             match part {
                 Part::Text(t) => key.push_str(t),
                 Part::Tenant => key.push_str(self.tenant(tenant)?),
-                Part::Pointer(p) => match event.pointer(p) {
-                    None | Some(serde_json::Value::Null) => {
-                        return Err(KeyError::Missing {
-                            template: self.source.clone(),
-                            pointer: p.clone(),
-                        })
-                    }
-                    Some(serde_json::Value::String(s)) => key.push_str(s),
-                    Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
-                        key.push_str(&v.to_string())
-                    }
-                    Some(_) => {
-                        return Err(KeyError::NotScalar {
-                            template: self.source.clone(),
-                            pointer: p.clone(),
-                        })
-                    }
-                },
+                Part::Pointer(chain, written) => {
+                    key.push_str(&self.lookup(event, chain, written)?);
+                }
             }
         }
         validate_key(&key).map_err(|e| KeyError::InvalidKey {
@@ -267,6 +260,96 @@ impl KeyTemplate {
             problem: e.to_string(),
         })?;
         Ok(key)
+    }
+}
+
+impl KeyTemplate {
+    /// The field `chain` points at in raw `event` bytes, by the streaming walk (`|json` steps
+    /// walk the text of the string found before them).
+    fn seek(&self, event: &[u8], chain: &[String], written: &str) -> Result<String, KeyError> {
+        let mut text: Option<String> = None;
+        for (i, pointer) in chain.iter().enumerate() {
+            let bytes = text.as_deref().map_or(event, str::as_bytes);
+            let found = seek::find(bytes, &seek::tokens(pointer)).map_err(|e| match i {
+                0 => KeyError::NotJson {
+                    template: self.source.clone(),
+                    problem: e.to_string(),
+                },
+                _ => self.not_json_text(chain, i, format!("it is not JSON ({e})")),
+            })?;
+            let last = i + 1 == chain.len();
+            text = Some(match found {
+                Found::Str(s) => s,
+                Found::Scalar(s) if last => s,
+                Found::Missing => return Err(self.missing(chain, i, written)),
+                Found::Composite if last => return Err(self.not_scalar(written)),
+                Found::Scalar(_) | Found::Composite => {
+                    return Err(self.not_json_text(chain, i + 1, "it is not a string".to_owned()))
+                }
+            });
+        }
+        Ok(text.unwrap_or_default())
+    }
+
+    /// The field `chain` points at in a parsed `event`; same results as [`KeyTemplate::seek`].
+    fn lookup(
+        &self,
+        event: &serde_json::Value,
+        chain: &[String],
+        written: &str,
+    ) -> Result<String, KeyError> {
+        use serde_json::Value;
+        let mut parsed: Option<Value> = None;
+        for (i, pointer) in chain.iter().enumerate() {
+            let doc = parsed.as_ref().unwrap_or(event);
+            let last = i + 1 == chain.len();
+            let next = match doc.pointer(pointer) {
+                None | Some(Value::Null) => return Err(self.missing(chain, i, written)),
+                Some(Value::String(s)) if last => return Ok(s.clone()),
+                Some(v @ (Value::Number(_) | Value::Bool(_))) if last => return Ok(v.to_string()),
+                Some(_) if last => return Err(self.not_scalar(written)),
+                Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
+                    self.not_json_text(chain, i + 1, format!("it is not JSON ({e})"))
+                })?,
+                Some(_) => {
+                    return Err(self.not_json_text(chain, i + 1, "it is not a string".to_owned()))
+                }
+            };
+            parsed = Some(next);
+        }
+        Ok(String::new())
+    }
+
+    /// The placeholder's pointers up to the `n`th, as written.
+    fn written_to(chain: &[String], n: usize) -> String {
+        chain[..n].join(JSON_TEXT)
+    }
+
+    fn missing(&self, chain: &[String], i: usize, written: &str) -> KeyError {
+        KeyError::Missing {
+            template: self.source.clone(),
+            pointer: if i + 1 == chain.len() {
+                written.to_owned()
+            } else {
+                Self::written_to(chain, i + 1)
+            },
+        }
+    }
+
+    fn not_scalar(&self, written: &str) -> KeyError {
+        KeyError::NotScalar {
+            template: self.source.clone(),
+            pointer: written.to_owned(),
+        }
+    }
+
+    /// The field of the first `n` pointers was to hold JSON text, but `problem`.
+    fn not_json_text(&self, chain: &[String], n: usize, problem: String) -> KeyError {
+        KeyError::NotJsonText {
+            template: self.source.clone(),
+            pointer: Self::written_to(chain, n),
+            problem,
+        }
     }
 }
 
@@ -279,6 +362,7 @@ impl fmt::Display for KeyTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn templates_render_from_the_event() {
@@ -316,6 +400,82 @@ mod tests {
                 .unwrap(),
             "a{b}"
         );
+    }
+
+    #[test]
+    fn json_text_in_a_string_field_is_read_with_json() {
+        // An SQS record's body and an EventBridge detail sent as a string.
+        let t = KeyTemplate::parse("order-{/Records/0/body|json/orderId}").unwrap();
+        let ev = serde_json::json!({"Records": [{"body": r#"{"orderId":"o-7","n":1}"#}]});
+        let bytes = serde_json::to_vec(&ev).unwrap();
+        assert_eq!(t.render(&ev).unwrap(), "order-o-7");
+        assert_eq!(t.render_bytes(&bytes).unwrap(), "order-o-7");
+        // Chained, and a number at the end.
+        let inner = serde_json::json!({"d": r#"{"n":42}"#}).to_string();
+        let ev2 = serde_json::json!({"detail": inner});
+        let t2 = KeyTemplate::parse("{/detail|json/d|json/n}").unwrap();
+        assert_eq!(t2.render(&ev2).unwrap(), "42");
+        assert_eq!(t2.render_bytes(ev2.to_string().as_bytes()).unwrap(), "42");
+        // Each way it can fail, the same from bytes and from a parsed event, naming the field.
+        let cases = [
+            (
+                json!({"Records": [{"body": "not json"}]}),
+                "NotJsonText",
+                "/Records/0/body",
+            ),
+            (
+                json!({"Records": [{"body": 7}]}),
+                "NotJsonText",
+                "/Records/0/body",
+            ),
+            (
+                json!({"Records": [{"body": {"orderId": "x"}}]}),
+                "NotJsonText",
+                "/Records/0/body",
+            ),
+            (json!({"Records": []}), "Missing", "/Records/0/body"),
+            (
+                json!({"Records": [{"body": "{}"}]}),
+                "Missing",
+                "/Records/0/body|json/orderId",
+            ),
+            (
+                json!({"Records": [{"body": r#"{"orderId":null}"#}]}),
+                "Missing",
+                "/Records/0/body|json/orderId",
+            ),
+            (
+                json!({"Records": [{"body": r#"{"orderId":[1]}"#}]}),
+                "NotScalar",
+                "/Records/0/body|json/orderId",
+            ),
+        ];
+        for (ev, kind, pointer) in cases {
+            let from_value = t.render(&ev).unwrap_err();
+            let from_bytes = t.render_bytes(ev.to_string().as_bytes()).unwrap_err();
+            let (k, p) = match &from_value {
+                KeyError::NotJsonText { pointer, .. } => ("NotJsonText", pointer),
+                KeyError::Missing { pointer, .. } => ("Missing", pointer),
+                KeyError::NotScalar { pointer, .. } => ("NotScalar", pointer),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!((k, p.as_str()), (kind, pointer), "{ev}");
+            if kind == "NotJsonText" {
+                // The parser's words differ between the two paths; the kind and field do not.
+                assert!(
+                    matches!(from_bytes, KeyError::NotJsonText { ref pointer, .. } if pointer == p),
+                    "{from_bytes:?}"
+                );
+            } else {
+                assert_eq!(from_bytes, from_value, "{ev}");
+            }
+            assert!(from_value.to_string().contains(pointer), "{from_value}");
+        }
+        // `|json` must lead to a pointer.
+        let e = KeyTemplate::parse("{/body|json}").unwrap_err();
+        assert!(e.contains("|json"), "{e}");
+        let e = KeyTemplate::parse("{/body|jsonx}").unwrap_err();
+        assert!(e.contains("JSON pointer"), "{e}");
     }
 
     #[test]

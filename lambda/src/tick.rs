@@ -165,6 +165,9 @@ fn template_error(template: &KeyTemplate, e: KeyError) -> TickError {
             "the event field {pointer} is an object or array; point at a string, number or \
              boolean"
         ),
+        KeyError::NotJsonText {
+            pointer, problem, ..
+        } => format!("it reads the event field {pointer} as JSON text, but {problem}"),
         KeyError::NoTenant { .. } => {
             "it uses {tenant}, but the invocation has no tenant id".to_owned()
         }
