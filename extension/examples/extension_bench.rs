@@ -13,6 +13,11 @@
 //! - a whole invocation (GET next + POST response) via the proxy (lock acquire + release against
 //!   DynamoDB Local included) vs. straight to that double;
 //! - init time (spawn → registered with the proxy listening), resident memory (VmRSS / VmHWM);
+//! - the lock API (a second extension, `FLIGHTLOCK_GATE=off`, DynamoDB requests counted by a
+//!   proxy in front of DynamoDB Local): a record's acquire + release through the API vs. the same
+//!   cycle by a `Locker` in this process (the API's own overhead), DynamoDB requests per record
+//!   cycle, and 10 records over 10 free keys acquired at once vs. one (taken concurrently, not
+//!   one after another);
 //! - the layer zip sizes, if `make layer` has built them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -60,6 +65,196 @@ async fn invocation(client: &HttpClient, platform: &Platform, addr: SocketAddr) 
         &format!("/2018-06-01/runtime/invocation/{id}/response"),
     )
     .await;
+}
+
+/// A lock API call through the proxy at `addr`; returns the status.
+async fn api(
+    client: &HttpClient,
+    addr: SocketAddr,
+    id: &str,
+    op: &str,
+    body: serde_json::Value,
+) -> hyper::StatusCode {
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/flightlock/v1/invocations/{id}/{op}"))
+        .header("x-flightlock-token", API_TOKEN)
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let r = client.request(req).await.unwrap();
+    let status = r.status();
+    let _ = r.into_body().collect().await;
+    status
+}
+
+const API_TOKEN: &str = "bench-session-token";
+
+/// Starts the extension binary `bin` on `platform` with `vars` besides the common ones; returns
+/// the child and the proxy's address once it registered.
+async fn start_extension(
+    bin: &std::path::Path,
+    platform: &Platform,
+    endpoint: &str,
+    table: &str,
+    vars: &[(&str, &str)],
+) -> (tokio::process::Child, SocketAddr) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = tokio::process::Command::new(bin)
+        .env_clear()
+        .envs(platform.lambda_env())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
+        .env("AWS_ACCESS_KEY_ID", "local")
+        .env("AWS_SECRET_ACCESS_KEY", "local")
+        .env("AWS_SESSION_TOKEN", API_TOKEN)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("FLIGHTLOCK_TABLE", table)
+        .env("FLIGHTLOCK_PROXY_PORT", port.to_string())
+        .env("FLIGHTLOCK_LOG_LEVEL", "warn")
+        .envs(vars.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    assert!(
+        platform.wait_registered(1, Duration::from_secs(10)).await,
+        "the extension did not register: {:?}",
+        platform.refusals()
+    );
+    (child, format!("127.0.0.1:{port}").parse().unwrap())
+}
+
+/// The lock API's figures (see the module docs), printed as rows.
+async fn lock_api_bench(bin: &std::path::Path, endpoint: &str, table: &str, n: usize) {
+    let counter = flightlock_testkit::FaultProxy::start(endpoint)
+        .await
+        .unwrap();
+    let platform = Platform::start(Options::new(Mode::Standard)).await;
+    let (mut child, addr) = start_extension(
+        bin,
+        &platform,
+        &counter.endpoint(),
+        table,
+        &[("FLIGHTLOCK_GATE", "off")],
+    )
+    .await;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let locker =
+        flightlock::Locker::new(flightlock_testkit::client(&counter.endpoint()).await, table);
+    let options = flightlock::LockOptions::default();
+    let id = platform.invoke(serde_json::json!({"Records": []}));
+    let _event = call(&client, "GET", addr, NEXT).await;
+    let key = |i: usize| serde_json::json!({ "key": format!("record-{}", i % 50) });
+    // Warm up both paths.
+    for i in 0..20 {
+        assert!(api(&client, addr, &id, "acquire", key(i))
+            .await
+            .is_success());
+        assert!(api(&client, addr, &id, "release", key(i))
+            .await
+            .is_success());
+        let g = locker
+            .acquire(&format!("direct-{}", i % 50), &options)
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    }
+    let (mut via_api, mut direct) = (Vec::new(), Vec::new());
+    let mut api_requests = 0;
+    for i in 0..n {
+        counter.reset_counts();
+        let t = Instant::now();
+        assert!(api(&client, addr, &id, "acquire", key(i))
+            .await
+            .is_success());
+        assert!(api(&client, addr, &id, "release", key(i))
+            .await
+            .is_success());
+        via_api.push(t.elapsed());
+        api_requests += counter.total();
+        let t = Instant::now();
+        let g = locker
+            .acquire(&format!("direct-{}", i % 50), &options)
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        direct.push(t.elapsed());
+    }
+    // A batch of 10 records over 10 free keys: all at once, against one alone.
+    let (mut one, mut ten) = (Vec::new(), Vec::new());
+    for round in 0..(n / 10).max(5) {
+        let keys: Vec<serde_json::Value> = (0..10)
+            .map(|k| serde_json::json!({ "key": format!("batch-{round}-{k}") }))
+            .collect();
+        let t = Instant::now();
+        assert!(api(&client, addr, &id, "acquire", keys[0].clone())
+            .await
+            .is_success());
+        one.push(t.elapsed());
+        assert!(api(&client, addr, &id, "release", keys[0].clone())
+            .await
+            .is_success());
+        let t = Instant::now();
+        let all = futures::future::join_all(
+            keys.iter()
+                .map(|k| api(&client, addr, &id, "acquire", k.clone())),
+        )
+        .await;
+        ten.push(t.elapsed());
+        assert!(all.iter().all(|s| s.is_success()), "{all:?}");
+        futures::future::join_all(
+            keys.iter()
+                .map(|k| api(&client, addr, &id, "release", k.clone())),
+        )
+        .await;
+    }
+    call(
+        &client,
+        "POST",
+        addr,
+        &format!("/2018-06-01/runtime/invocation/{id}/response"),
+    )
+    .await;
+    platform.shutdown("spindown");
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+
+    let (a50, a99) = (pct(via_api.clone(), 0.5), pct(via_api, 0.99));
+    let (d50, d99) = (pct(direct.clone(), 0.5), pct(direct, 0.99));
+    println!(
+        "  {:<58} {d50:>10.3} {d99:>10.3}",
+        "record acquire + release by a Locker in process"
+    );
+    println!(
+        "  {:<58} {a50:>10.3} {a99:>10.3}",
+        "record acquire + release through the lock API"
+    );
+    println!(
+        "  {:<58} {:>10.3} {:>10.3}",
+        "  => lock API overhead per record (target < 1 ms)",
+        a50 - d50,
+        a99 - d99
+    );
+    println!(
+        "  {:<58} {:>10.3} {:>10.3}",
+        "10 records over 10 free keys, acquired at once",
+        pct(ten.clone(), 0.5),
+        pct(ten, 0.99)
+    );
+    println!(
+        "  {:<58} {:>10.3} {:>10.3}",
+        "  one record alone (10 one after another: 10 x this)",
+        pct(one.clone(), 0.5),
+        pct(one, 0.99)
+    );
+    println!(
+        "  DynamoDB requests per uncontended record cycle through the API, target 2: {:.2}",
+        api_requests as f64 / n as f64
+    );
 }
 
 fn pct(mut v: Vec<Duration>, p: f64) -> f64 {
@@ -224,6 +419,7 @@ async fn main() {
             _ => "did not exit within 5 s".to_owned(),
         }
     );
+    lock_api_bench(&bin, &endpoint, &table, n).await;
     for arch in ["x86_64", "arm64"] {
         let zip = root.join(format!("target/layer/flightlock-layer-{arch}.zip"));
         match std::fs::metadata(&zip) {

@@ -1,8 +1,7 @@
 //! The settings only the extension reads: where the proxy listens (`FLIGHTLOCK_PROXY_PORT`), the
 //! Runtime API it forwards to (`FLIGHTLOCK_UPSTREAM`, else `AWS_LAMBDA_RUNTIME_API`), the init
-//! check of the wrapper (`FLIGHTLOCK_WRAPPER_CHECK`), whether each invocation is gated
-//! (`FLIGHTLOCK_GATE`; the lock API is served either way), and the secret callers of the lock API
-//! send (`AWS_SESSION_TOKEN`). The in-process layer has no proxy and no
+//! check of the wrapper (`FLIGHTLOCK_WRAPPER_CHECK`), and the secret callers of the lock API send
+//! (`AWS_SESSION_TOKEN`). The in-process layer has no proxy and no
 //! wrapper, so these are parsed here, beside the code that uses them; their names belong to the
 //! one `FLIGHTLOCK_*` namespace ([`flightlock_lambda::config::KNOWN`]), so the shared parser
 //! accepts them and the configuration reference documents them with the rest.
@@ -13,7 +12,7 @@
 use std::collections::HashMap;
 
 use flightlock::options::{parse_switch, SWITCH_FORMS};
-use flightlock_lambda::config::{value, ConfigError, GATE, PROXY_PORT, UPSTREAM, WRAPPER_CHECK};
+use flightlock_lambda::config::{value, ConfigError, PROXY_PORT, UPSTREAM, WRAPPER_CHECK};
 
 /// Lambda's variable with the Runtime API address (`host:port`).
 pub const RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
@@ -37,9 +36,6 @@ pub struct Settings {
     pub upstream: Option<String>,
     /// `FLIGHTLOCK_WRAPPER_CHECK`. Default on.
     pub wrapper_check: bool,
-    /// `FLIGHTLOCK_GATE`. Default on: each invocation runs under its key. Off: no invocation
-    /// is gated, and the handler locks what it needs through the lock API.
-    pub gate: bool,
     /// `AWS_SESSION_TOKEN`, what callers of the lock API must send. `None` (unset, as under
     /// some local emulators): every call is refused, saying why.
     pub api_token: Option<String>,
@@ -83,15 +79,10 @@ impl Settings {
             Some(v) => parse_switch(&v)
                 .map_err(|_| err(WRAPPER_CHECK, &v, "not a switch", SWITCH_FORMS))?,
         };
-        let gate = match value(env, GATE) {
-            None => true,
-            Some(v) => parse_switch(&v).map_err(|_| err(GATE, &v, "not a switch", SWITCH_FORMS))?,
-        };
         Ok(Settings {
             proxy_port,
             upstream,
             wrapper_check,
-            gate,
             api_token: value(env, SESSION_TOKEN),
         })
     }
@@ -137,7 +128,6 @@ mod tests {
         assert_eq!(s.proxy_port, 9009);
         assert_eq!(s.upstream.as_deref(), Some("127.0.0.1:9001"));
         assert!(s.wrapper_check);
-        assert!(s.gate);
         assert_eq!(s.api_token, None);
         assert_eq!(Settings::from_map(&map(&[])).unwrap().upstream, None);
     }
@@ -149,11 +139,9 @@ mod tests {
             (PROXY_PORT, "9100"),
             (UPSTREAM, "http://127.0.0.1:9200/"),
             (WRAPPER_CHECK, "off"),
-            (GATE, "off"),
             (SESSION_TOKEN, "IQoJb3JpZ2luX2Vj"),
         ]))
         .unwrap();
-        assert!(!s.gate);
         assert_eq!(s.api_token.as_deref(), Some("IQoJb3JpZ2luX2Vj"));
         assert_eq!(s.proxy_port, 9100);
         assert_eq!(s.upstream.as_deref(), Some("127.0.0.1:9200"));
@@ -168,7 +156,6 @@ mod tests {
             (UPSTREAM, "https://x:1", "host:port"),
             (UPSTREAM, "localhost", "host:port"),
             (WRAPPER_CHECK, "sometimes", "on, off"),
-            (GATE, "records", "on, off"),
         ];
         for (var, value, accepted) in cases {
             let e = Settings::from_map(&map(&[(RUNTIME_API, "127.0.0.1:9001"), (var, value)]))

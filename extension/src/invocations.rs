@@ -8,13 +8,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::lock_api::Records;
 use crate::otel::HoldTrace;
 use crate::runtime_process::Proc;
+use flightlock_lambda::records::Records;
 
 /// Finished slots that nobody collected are dropped after this long (bounds memory if an INVOKE
 /// event is ever missed). On Managed Instances nobody collects them (no INVOKE events): see
@@ -33,10 +33,9 @@ pub struct Slot {
     /// lock API for this invocation.
     handed_over: std::sync::atomic::AtomicBool,
     done: watch::Sender<bool>,
-    /// The invocation's deadline, once its event was fetched.
-    deadline: Mutex<Option<SystemTime>>,
-    /// The locks its handler took through the lock API.
-    records: Records,
+    /// The locks its handler takes through the lock API, from when its event went to the
+    /// runtime.
+    records: Mutex<Option<Arc<Records>>>,
     held: Mutex<Option<Held>>,
     runtime: Mutex<Option<Proc>>,
     /// The hold's OTLP span in the making (OTLP export on, sampled trace, lock held).
@@ -52,8 +51,7 @@ impl Slot {
             seen: watch::channel(false).0,
             handed_over: std::sync::atomic::AtomicBool::new(false),
             done: watch::channel(false).0,
-            deadline: Mutex::new(None),
-            records: Records::default(),
+            records: Mutex::new(None),
             held: Mutex::new(None),
             runtime: Mutex::new(None),
             hold_trace: Mutex::new(None),
@@ -72,9 +70,9 @@ impl Slot {
         self.seen.send_replace(true);
     }
 
-    /// Marks the event as handed to the runtime, due at `deadline`.
-    pub fn mark_handed_over(&self, deadline: Option<SystemTime>) {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
+    /// Marks the event as handed to the runtime; its handler takes locks through `records`.
+    pub fn mark_handed_over(&self, records: Records) {
+        *self.records.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(records));
         self.handed_over
             .store(true, std::sync::atomic::Ordering::Release);
     }
@@ -84,14 +82,13 @@ impl Slot {
         self.handed_over.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// The invocation's deadline, if known.
-    pub fn deadline(&self) -> Option<SystemTime> {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The locks its handler took through the lock API.
-    pub fn records(&self) -> &Records {
-        &self.records
+    /// The locks its handler takes through the lock API (`None` before its event went to the
+    /// runtime).
+    pub fn records(&self) -> Option<Arc<Records>> {
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Marks the invocation finished (answered and released).

@@ -23,23 +23,24 @@
 //! ended, or that this environment never ran, is refused. Several invocations in flight at once
 //! (Lambda Managed Instances) each have their own set.
 //!
-//! **Every lock ends with its invocation.** When the invocation ends (its response or error has
-//! gone upstream, its runtime's processes are all gone, or the environment shuts down), the
-//! set is closed and whatever is still held is released before the runtime hears back from its
-//! response; an acquisition still under way when the set closes releases what it gets at once.
-//! Each lock's lease is capped at the invocation's deadline plus
-//! [`flightlock_lambda::config::LEASE_CAP_GRACE`], so even a frozen or killed environment frees
-//! it soon after. Each acquisition is decided within the invocation's deadline, as the gate's
-//! (see [`flightlock_lambda::gate::decision_budget`]).
+//! **Every lock ends with its invocation.** The locks are an invocation's
+//! [`flightlock_lambda::records::Records`] (the same mechanism as the in-process layer's): when
+//! the invocation ends (its response or error has gone upstream, its runtime's processes are all
+//! gone, or the environment shuts down), the proxy closes them, releasing whatever is still held
+//! before the runtime hears back from its response; an acquisition still under way then releases
+//! what it gets at once. Each lease is capped at the invocation's deadline plus
+//! [`flightlock_lambda::config::LEASE_CAP_GRACE`], and each acquisition is decided within the
+//! deadline, as the gate's.
+//!
+//! This module is the HTTP face of it: routes, the token check, the bodies and what each
+//! [`RecordError`] answers.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use flightlock::options::Wait;
-use flightlock::{Error, LockGuard, ReleaseOutcome};
+use flightlock::Wait;
 use flightlock_lambda::body::redact_aws_ids;
-use flightlock_lambda::gate::{decision_budget, release_budget};
+use flightlock_lambda::records::{RecordError, Records};
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -49,16 +50,13 @@ use serde_json::{json, Value};
 
 use crate::body::{full, ProxyBody};
 use crate::config::SESSION_TOKEN;
-use crate::invocations::Slot;
 use crate::proxy::Proxy;
 
 /// Every path of the API starts with this.
 pub const PATH_PREFIX: &str = "/flightlock/v1/";
 /// The header every call carries, with the function's `AWS_SESSION_TOKEN`.
 pub const TOKEN_HEADER: &str = "x-flightlock-token";
-/// Locks one invocation may hold (or be acquiring) at once. A batch of 10 SQS records needs
-/// 10; a handler that locks each record of a larger batch one after another needs one.
-pub const MAX_HELD: usize = 100;
+pub use flightlock_lambda::records::MAX_HELD;
 /// The largest request body read, in bytes (a key is at most 1024 bytes).
 pub const MAX_BODY: usize = 4096;
 /// The longest `waitMs` accepted: Lambda's longest invocation (15 minutes). Any wait is cut at
@@ -238,131 +236,6 @@ fn check_key(key: &str) -> Result<(), Refusal> {
         .map_err(|e| refuse(StatusCode::BAD_REQUEST, "badRequest", e.to_string()))
 }
 
-/// The locks one invocation took through the API (kept in its [`Slot`]).
-#[derive(Debug, Default)]
-pub struct Records(Mutex<Inner>);
-
-#[derive(Debug, Default)]
-struct Inner {
-    /// Set when the invocation ends: nothing more is taken.
-    closed: bool,
-    /// The locks held, with the permits each was taken with.
-    held: BTreeMap<String, (LockGuard, u32)>,
-    /// Keys being acquired now.
-    pending: BTreeSet<String>,
-}
-
-impl Records {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Reserves `key` for an acquisition: refused if the set is closed, the key is held or
-    /// being acquired by this invocation (a lock is not reentrant: the second would wait for
-    /// the first), or [`MAX_HELD`] are held or pending. The reservation ends when it is dropped.
-    fn reserve<'a>(&'a self, id: &str, key: &str) -> Result<Reservation<'a>, Refusal> {
-        let mut inner = self.lock();
-        if inner.closed {
-            return Err(not_in_flight(id));
-        }
-        if let Some((held, _)) = inner.held.get(key) {
-            return Err(refuse(
-                StatusCode::CONFLICT,
-                "alreadyHeld",
-                format!(
-                    "this invocation already holds {key:?} (token {}); a lock is not reentrant",
-                    held.token()
-                ),
-            ));
-        }
-        if inner.pending.contains(key) {
-            return Err(refuse(
-                StatusCode::CONFLICT,
-                "alreadyHeld",
-                format!("this invocation is already acquiring {key:?}"),
-            ));
-        }
-        if inner.held.len() + inner.pending.len() >= MAX_HELD {
-            return Err(refuse(
-                StatusCode::TOO_MANY_REQUESTS,
-                "tooManyLocks",
-                format!(
-                    "this invocation holds or is acquiring {MAX_HELD} locks, the most one may; \
-                     release one first"
-                ),
-            ));
-        }
-        inner.pending.insert(key.to_owned());
-        Ok(Reservation {
-            records: self,
-            key: key.to_owned(),
-        })
-    }
-
-    /// Takes the lock of `key`, if this invocation holds it.
-    fn take(&self, key: &str) -> Option<LockGuard> {
-        self.lock().held.remove(key).map(|(guard, _)| guard)
-    }
-
-    /// What is held: key, token, permits, lost.
-    fn list(&self) -> Vec<Value> {
-        self.lock()
-            .held
-            .iter()
-            .map(|(key, (g, permits))| {
-                json!({ "key": key, "token": g.token(), "permits": permits, "lost": g.is_lost() })
-            })
-            .collect()
-    }
-
-    /// Closes the set (the invocation ended) and takes everything held.
-    pub fn close(&self) -> Vec<LockGuard> {
-        let mut inner = self.lock();
-        inner.closed = true;
-        std::mem::take(&mut inner.held)
-            .into_values()
-            .map(|(guard, _)| guard)
-            .collect()
-    }
-
-    /// How many locks are held now.
-    pub fn len(&self) -> usize {
-        self.lock().held.len()
-    }
-
-    /// True if none is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A key being acquired; dropping it (a caller that hung up mid-acquisition drops the whole
-/// call) frees the key for another call.
-#[derive(Debug)]
-struct Reservation<'a> {
-    records: &'a Records,
-    key: String,
-}
-
-impl Reservation<'_> {
-    /// Keeps `guard` (taken with `permits`) in the set, or gives it back (`Some`) if the set
-    /// closed meanwhile.
-    fn settle(self, guard: LockGuard, permits: u32) -> Option<LockGuard> {
-        let mut inner = self.records.lock();
-        if inner.closed {
-            return Some(guard);
-        }
-        inner.held.insert(self.key.clone(), (guard, permits));
-        None
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        self.records.lock().pending.remove(&self.key);
-    }
-}
-
 fn not_in_flight(id: &str) -> Refusal {
     refuse(
         StatusCode::FORBIDDEN,
@@ -381,8 +254,14 @@ pub async fn serve(proxy: &Proxy, call: Call, req: Request<Incoming>) -> Respons
         Ok(()) => match call {
             Call::Acquire(id) => acquire(proxy, &id, req).await,
             Call::Release(id) => release(proxy, &id, req).await,
-            Call::List(id) => in_flight(proxy, &id)
-                .map(|slot| (StatusCode::OK, json!({ "locks": slot.records().list() }))),
+            Call::List(id) => in_flight(proxy, &id).map(|records| {
+                let locks: Vec<Value> = records
+                    .held()
+                    .into_iter()
+                    .map(|h| json!({ "key": h.key, "token": h.token, "permits": h.permits, "lost": h.lost }))
+                    .collect();
+                (StatusCode::OK, json!({ "locks": locks }))
+            }),
         },
     };
     match answer {
@@ -411,11 +290,11 @@ fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
 
 type Answer = Result<(StatusCode, Value), Refusal>;
 
-/// The slot of invocation `id`, if it is in flight here (its event was handed to the runtime
+/// The locks of invocation `id`, if it is in flight here (its event was handed to the runtime
 /// and it has not ended).
-fn in_flight(proxy: &Proxy, id: &str) -> Result<std::sync::Arc<Slot>, Refusal> {
+fn in_flight(proxy: &Proxy, id: &str) -> Result<Arc<Records>, Refusal> {
     match proxy.invocations().get(id) {
-        Some(slot) if slot.handed_over() && !slot.is_done() => Ok(slot),
+        Some(slot) if !slot.is_done() => slot.records().ok_or_else(|| not_in_flight(id)),
         _ => Err(not_in_flight(id)),
     }
 }
@@ -437,181 +316,65 @@ async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, Refusal> {
 }
 
 async fn acquire(proxy: &Proxy, id: &str, req: Request<Incoming>) -> Answer {
-    let slot = in_flight(proxy, id)?;
+    let records = in_flight(proxy, id)?;
     let body = parse_acquire(&read_body(req).await?)?;
-    let records = slot.records();
-    let reservation = records.reserve(id, &body.key)?;
-    let config = proxy.config();
-    let deadline = slot.deadline();
-    let wait = match body.wait_ms {
-        None => config.wait,
-        Some(0) => Wait::NoWait,
-        Some(ms) => Wait::For(Duration::from_millis(ms)),
-    };
-    let mut options =
-        config.lock_options_waiting(wait, deadline, SystemTime::now(), proxy.holder(id));
-    options.permits = body.permits.unwrap_or(config.permits);
-    let locker = proxy.locker();
-    let started = Instant::now();
-    let left = deadline.map(|d| d.duration_since(SystemTime::now()).unwrap_or_default());
-    let budget = left.map(|l| decision_budget(l, config.deadline_margin));
-    let acquisition = locker.acquire(&body.key, &options);
-    let result = match budget {
-        None => Ok(acquisition.await),
-        Some(b) => tokio::time::timeout(b, acquisition).await.map_err(|_| b),
-    };
-    let waited_ms = started.elapsed().as_millis() as u64;
-    let key = body.key;
-    match result {
-        Err(budget) => Err(refuse(
-            StatusCode::GATEWAY_TIMEOUT,
-            "noDecision",
-            format!(
-                "no decision on {key:?} within {budget:.1?}: DynamoDB did not answer before the \
-                 invocation's deadline"
-            ),
-        )),
-        Ok(Ok(guard)) => {
-            let token = guard.token();
-            let permits = options.permits;
-            if let Some(guard) = reservation.settle(guard, permits) {
-                release_now(guard, deadline).await;
-                return Err(not_in_flight(id));
-            }
-            tracing::info!(%key, token, waited_ms, "lock API: acquired");
-            Ok((
-                StatusCode::OK,
-                json!({ "key": key, "token": token, "waitedMs": waited_ms, "permits": permits }),
-            ))
-        }
-        Ok(Err(e)) => Err(acquire_refusal(e, &key, wait, &options.wait)),
-    }
-}
-
-/// What a failed acquisition answers.
-fn acquire_refusal(e: Error, key: &str, asked: Wait, waited: &Wait) -> Refusal {
-    match e {
-        Error::Busy { ref holders, .. } => {
-            let cut = if asked != *waited {
-                format!(
-                    " (the wait was cut to {:?}: the invocation's deadline minus \
-                     FLIGHTLOCK_DEADLINE_MARGIN came first)",
-                    waited.as_duration().unwrap_or_default()
-                )
-            } else {
-                String::new()
-            };
-            let holders = serde_json::to_value(holders).unwrap_or(Value::Null);
-            Refusal {
-                extra: Some(("holders", holders)),
-                ..refuse(StatusCode::CONFLICT, "busy", format!("{e}{cut}"))
-            }
-        }
-        Error::PermitsMismatch { .. } => refuse(
-            StatusCode::CONFLICT,
-            "permitsMismatch",
-            redact_aws_ids(&e.to_string()),
-        ),
-        Error::ProtocolTooNew { .. } => refuse(
-            StatusCode::CONFLICT,
-            "protocolTooNew",
-            redact_aws_ids(&e.to_string()),
-        ),
-        e => {
-            tracing::error!(error = %e, %key, "lock API: could not take the lock");
-            refuse(
-                StatusCode::BAD_GATEWAY,
-                "lockError",
-                redact_aws_ids(&e.to_string()),
-            )
-        }
-    }
+    let wait = body.wait_ms.map(|ms| match ms {
+        0 => Wait::NoWait,
+        ms => Wait::For(Duration::from_millis(ms)),
+    });
+    let acquired = records
+        .acquire(&body.key, wait, body.permits)
+        .await
+        .map_err(|e| refusal(e, id))?;
+    Ok((
+        StatusCode::OK,
+        json!({
+            "key": acquired.key,
+            "token": acquired.token,
+            "waitedMs": acquired.waited.as_millis() as u64,
+            "permits": acquired.permits,
+        }),
+    ))
 }
 
 async fn release(proxy: &Proxy, id: &str, req: Request<Incoming>) -> Answer {
-    let slot = in_flight(proxy, id)?;
+    let records = in_flight(proxy, id)?;
     let body = parse_release(&read_body(req).await?)?;
-    let Some(guard) = slot.records().take(&body.key) else {
-        return Err(refuse(
-            StatusCode::NOT_FOUND,
-            "notHeld",
-            format!("this invocation does not hold {:?}", body.key),
-        ));
+    records
+        .release(&body.key)
+        .await
+        .map_err(|e| refusal(e, id))?;
+    Ok((StatusCode::OK, json!({ "key": body.key, "released": true })))
+}
+
+/// What a [`RecordError`] of invocation `id` answers.
+pub fn refusal(e: RecordError, id: &str) -> Refusal {
+    let (status, error) = match &e {
+        RecordError::Ended => return not_in_flight(id),
+        RecordError::AlreadyHeld { .. } => (StatusCode::CONFLICT, "alreadyHeld"),
+        RecordError::TooMany => (StatusCode::TOO_MANY_REQUESTS, "tooManyLocks"),
+        RecordError::Busy { holders, .. } => {
+            let holders = serde_json::to_value(holders).unwrap_or(Value::Null);
+            return Refusal {
+                extra: Some(("holders", holders)),
+                ..refuse(StatusCode::CONFLICT, "busy", e.to_string())
+            };
+        }
+        RecordError::NoDecision { .. } => (StatusCode::GATEWAY_TIMEOUT, "noDecision"),
+        RecordError::NotHeld { .. } => (StatusCode::NOT_FOUND, "notHeld"),
+        RecordError::Lost { .. } => (StatusCode::CONFLICT, "lost"),
+        RecordError::Lock(lock) => match **lock {
+            flightlock::Error::InvalidKey { .. } => (StatusCode::BAD_REQUEST, "badRequest"),
+            flightlock::Error::PermitsMismatch { .. } => (StatusCode::CONFLICT, "permitsMismatch"),
+            flightlock::Error::ProtocolTooNew { .. } => (StatusCode::CONFLICT, "protocolTooNew"),
+            ref other => {
+                tracing::error!(error = %other, "lock API: DynamoDB refused");
+                (StatusCode::BAD_GATEWAY, "lockError")
+            }
+        },
     };
-    let key = body.key;
-    let token = guard.token();
-    let budget = release_budget(
-        slot.deadline()
-            .map(|d| d.duration_since(SystemTime::now()).unwrap_or_default()),
-    );
-    match tokio::time::timeout(budget, guard.release()).await {
-        Ok(Ok(ReleaseOutcome::Released)) => {
-            tracing::info!(%key, token, "lock API: released");
-            Ok((StatusCode::OK, json!({ "key": key, "released": true })))
-        }
-        Ok(Ok(ReleaseOutcome::Lost)) => Err(refuse(
-            StatusCode::CONFLICT,
-            "lost",
-            format!(
-                "the lock of {key:?} (token {token}) had been lost before this release (its \
-                 lease ran out or another holder took over): the work done under it was not \
-                 protected"
-            ),
-        )),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, %key, "lock API: release failed");
-            Err(refuse(
-                StatusCode::BAD_GATEWAY,
-                "lockError",
-                format!(
-                    "{}; the row lapses within its lease",
-                    redact_aws_ids(&e.to_string())
-                ),
-            ))
-        }
-        Err(_) => Err(refuse(
-            StatusCode::GATEWAY_TIMEOUT,
-            "noDecision",
-            format!("the release of {key:?} did not finish in {budget:.1?}; the row lapses within its lease"),
-        )),
-    }
-}
-
-/// Releases `guard` within the release budget of an invocation whose deadline is `deadline`.
-async fn release_now(guard: LockGuard, deadline: Option<SystemTime>) {
-    let key = guard.key().to_owned();
-    let budget =
-        release_budget(deadline.map(|d| d.duration_since(SystemTime::now()).unwrap_or_default()));
-    match tokio::time::timeout(budget, guard.release()).await {
-        Ok(Ok(ReleaseOutcome::Released)) => {
-            tracing::info!(%key, "lock API: released at the invocation's end")
-        }
-        Ok(Ok(ReleaseOutcome::Lost)) => {
-            tracing::warn!(%key, "lock API: the lock had been lost before the invocation ended")
-        }
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, %key, "lock API: release failed; the row lapses within its lease")
-        }
-        Err(_) => {
-            tracing::error!(%key, "lock API: release did not finish in time; the row lapses within its lease")
-        }
-    }
-}
-
-/// Closes the set of invocation `slot` (it ended) and releases everything it still holds,
-/// concurrently, each within the release budget. Returns how many were released.
-pub async fn release_all(slot: &Slot) -> usize {
-    let held = slot.records().close();
-    let n = held.len();
-    if n > 0 {
-        let deadline = slot.deadline();
-        futures::future::join_all(held.into_iter().map(|g| release_now(g, deadline))).await;
-        tracing::info!(
-            released = n,
-            "lock API: the invocation ended; released what it held"
-        );
-    }
-    n
+    // The full error is in the log; the caller gets no ARNs or account ids.
+    refuse(status, error, redact_aws_ids(&e.to_string()))
 }
 
 #[cfg(test)]

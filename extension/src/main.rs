@@ -121,7 +121,7 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
-    if !settings.gate {
+    if !config.gate {
         tracing::info!(
             "FLIGHTLOCK_GATE=off: no invocation is gated (FLIGHTLOCK_KEY, FLIGHTLOCK_ON_BUSY, \
              FLIGHTLOCK_TICK and FLIGHTLOCK_COALESCE are not used); the handler locks through \
@@ -181,7 +181,6 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     )
     .with_port(settings.proxy_port)
     .with_mode(mode)
-    .with_gating(settings.gate)
     .with_api_token(settings.api_token.clone())
     .with_limits(proxy::Limits {
         max_connections: mode::connection_cap(&env),

@@ -127,9 +127,6 @@ pub struct Proxy {
     /// The OTLP export of the wait and hold spans ([`crate::otel`]); `None` without an
     /// endpoint, and then no span is made.
     traces: Option<Arc<Traces>>,
-    /// `FLIGHTLOCK_GATE`: each invocation runs under its key (true), or none is gated and the
-    /// handler locks through the lock API alone.
-    gating: bool,
     /// What callers of the lock API must send ([`crate::lock_api`]); `None`: it refuses all.
     api_token: Option<String>,
 }
@@ -164,16 +161,8 @@ impl Proxy {
             releasing: tokio::sync::watch::channel(0).0,
             mode: Mode::Standard,
             traces: None,
-            gating: true,
             api_token: None,
         }
-    }
-
-    /// Gates each invocation under its key (`true`, the default) or none (`false`): the
-    /// handler then locks what it needs through the lock API.
-    pub fn with_gating(mut self, gating: bool) -> Proxy {
-        self.gating = gating;
-        self
     }
 
     /// Serves the lock API to callers that send `token` (the function's `AWS_SESSION_TOKEN`;

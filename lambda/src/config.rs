@@ -59,13 +59,14 @@ pub const STALE_AFTER: &str = "FLIGHTLOCK_STALE_AFTER";
 pub const COALESCE: &str = "FLIGHTLOCK_COALESCE";
 /// How many invocations may hold the key at a time (a FIFO counting semaphore): 1 to 100.
 pub const PERMITS: &str = "FLIGHTLOCK_PERMITS";
-/// Whether the extension gates each invocation under its key (`on`), or gates nothing and only
-/// serves the lock API to the handler (`off`; parsed by `flightlock_extension::config`).
+/// Whether each invocation runs under its key (`on`), or none does and the handler locks what it
+/// needs itself ([`crate::records`]: the extension's lock API, the in-process layer's
+/// [`records`](crate::records())).
 pub const GATE: &str = "FLIGHTLOCK_GATE";
 
 /// Every `FLIGHTLOCK_*` variable of the Lambda integration: what [`Config::from_map`] accepts.
-/// It parses all but [`PROXY_PORT`], [`UPSTREAM`], [`WRAPPER_CHECK`] and [`GATE`], which only the
-/// extension reads (and parses); the in-process layer accepts and ignores them.
+/// It parses all but [`PROXY_PORT`], [`UPSTREAM`] and [`WRAPPER_CHECK`], which only the extension
+/// reads (and parses); the in-process layer accepts and ignores them.
 pub const KNOWN: &[&str] = &[
     TABLE,
     KEY,
@@ -155,6 +156,9 @@ pub struct Config {
     /// and refuses an explicit `FLIGHTLOCK_TICK`, `FLIGHTLOCK_STALE_AFTER` or
     /// `FLIGHTLOCK_COALESCE=on` (they promise one run at a time).
     pub permits: u32,
+    /// `FLIGHTLOCK_GATE`: each invocation runs under its key. Default on. Off, no invocation is
+    /// gated, and the handler locks what it needs ([`crate::records`]).
+    pub gate: bool,
     /// `AWS_LAMBDA_FUNCTION_NAME`, written into rows for people.
     pub function_name: Option<String>,
 }
@@ -305,6 +309,7 @@ impl Config {
             }
         };
         let coalesce = switch(COALESCE, false)?;
+        let gate = switch(GATE, true)?;
         let permits = permits::parse(get(PERMITS))?;
         let tick = permits::tick(
             env,
@@ -340,6 +345,7 @@ impl Config {
             stale_after,
             coalesce,
             permits,
+            gate,
             function_name,
         };
         // Check lease / heartbeat / skew against each other now, at init, not at the first

@@ -65,10 +65,40 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::body::KEY_ERROR_TYPE;
-use crate::client_context::TICKET;
+use crate::client_context::{PREFIX, TICKET};
 use crate::config::{Config, ConfigError};
 use crate::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
+use crate::records::Records;
 use flightlock::Locker;
+
+tokio::task_local! {
+    /// The locks of the invocation whose handler runs in this task.
+    static RECORDS: Arc<Records>;
+}
+
+/// The locks of the invocation the calling handler runs for, behind [`FlightlockLayer`]: a
+/// lock per record of a batch, say. Every lock taken through it is released when the handler
+/// returns (or fails, or panics), as the extension's lock API does for handlers in other
+/// languages. `None` outside a handler behind the layer, or in a task the handler spawned
+/// (call it in the handler's own task and pass the result along).
+///
+/// ```no_run
+/// # async fn job(event: lambda_runtime::LambdaEvent<serde_json::Value>) -> Result<(), Box<dyn std::error::Error>> {
+/// use flightlock::Wait;
+/// use flightlock_lambda::records::RecordError;
+///
+/// let records = flightlock_lambda::records().expect("behind FlightlockLayer");
+/// match records.acquire("order-7", Some(Wait::NoWait), None).await {
+///     Ok(lock) => { /* process the record, fencing writes with lock.token */ }
+///     Err(RecordError::Busy { .. }) => { /* report the record as a batch item failure */ }
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub fn records() -> Option<Arc<Records>> {
+    RECORDS.try_with(Arc::clone).ok()
+}
 
 /// The fencing token the layer handed to this invocation's handler: `flightlockTicket` in the
 /// client context's `custom` (see [`crate::client_context`] for the other entries).
@@ -236,6 +266,27 @@ where
                 // Tenant isolation mode: `lambda_runtime` reads the tenant id from the event's
                 // `Lambda-Runtime-Aws-Tenant-Id` header into the context.
                 let tenant = event.context.tenant_id.clone();
+                // The handler's own locks (`records()`), given back when it returns.
+                let records = Arc::new(Records::new(
+                    gate.locker().clone(),
+                    gate.shared_config(),
+                    gate.holder(&request_id),
+                    deadline,
+                ));
+                if !gate.config().gate {
+                    // FLIGHTLOCK_GATE=off: no lock of the invocation's; the caller's reserved
+                    // entries still go.
+                    let mut event = event;
+                    if let Some(context) = event.context.client_context.as_mut() {
+                        context.custom.retain(|k, _| !k.starts_with(PREFIX));
+                    }
+                    let result = RECORDS
+                        .scope(records.clone(), inner.call(event))
+                        .await
+                        .map_err(Into::into);
+                    records.close().await;
+                    return result.map(Gated::Ran);
+                }
                 match gate
                     .decide(&request_id, deadline, &bytes, tenant.as_deref())
                     .await
@@ -252,14 +303,16 @@ where
                         if let Some(context) = event.context.client_context.as_mut() {
                             held.handover().apply(&mut context.custom);
                         }
-                        let result: Result<R, Diagnostic> =
-                            inner.call(event).await.map_err(Into::into);
+                        let result: Result<R, Diagnostic> = RECORDS
+                            .scope(records.clone(), inner.call(event))
+                            .await
+                            .map_err(Into::into);
                         // Only a handler that answered `Ok` marks the invocation's tick done.
                         let run = match result {
                             Ok(_) => Run::Succeeded,
                             Err(_) => Run::Failed,
                         };
-                        gate.release(held, run).await;
+                        futures::future::join(records.close(), gate.release(held, run)).await;
                         result.map(Gated::Ran)
                     }
                     Outcome::Skipped(body) => Ok(Gated::Skipped(body)),

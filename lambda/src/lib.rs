@@ -32,6 +32,7 @@
 //! | [`body`] | the error types and the error / skip bodies an invocation is answered with (pure) |
 //! | [`gate`] | one decision per invocation (key, tick, lock, skip or error, release marking the tick done or not) within the invocation's deadline |
 //! | [`metrics`] | the EMF lines the gate and the extension print |
+//! | [`records`] | locks a handler takes for itself while its invocation runs (a lock per record), all released when it ends: behind the extension's lock API and the layer's `records()` |
 //! | `layer` | `FlightlockLayer` (cargo feature `layer`): the tower layer around a `lambda_runtime` handler. Everything else builds without the feature: the extension uses the crate without `lambda_runtime` |
 
 pub mod body;
@@ -42,6 +43,7 @@ pub mod key;
 #[cfg(feature = "layer")]
 mod layer;
 pub mod metrics;
+pub mod records;
 pub mod tick;
 
 #[cfg(feature = "layer")]

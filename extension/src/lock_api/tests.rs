@@ -120,39 +120,3 @@ fn bodies_are_read_strictly_with_the_reason_on_each_refusal() {
     let r = parse_release(br#"{"key":"k","waitMs":1}"#).unwrap_err();
     assert!(r.message.contains("unknown field `waitMs`"), "{r:?}");
 }
-
-#[test]
-fn a_closed_set_takes_nothing_and_a_reservation_frees_its_key_when_dropped() {
-    let records = Records::default();
-    let r = records.reserve("req", "a").unwrap();
-    // The same key twice in one invocation would wait for itself: refused at once.
-    assert_eq!(
-        records.reserve("req", "a").unwrap_err().error,
-        "alreadyHeld"
-    );
-    drop(r);
-    let r = records.reserve("req", "a").unwrap();
-    assert!(records.close().is_empty());
-    drop(r);
-    assert_eq!(
-        records.reserve("req", "b").unwrap_err().error,
-        "notInFlight"
-    );
-}
-
-#[test]
-fn at_most_max_held_are_held_or_pending_at_once() {
-    let records = Records::default();
-    let keys: Vec<String> = (0..MAX_HELD).map(|i| format!("k{i}")).collect();
-    let reservations: Vec<_> = keys
-        .iter()
-        .map(|k| records.reserve("req", k).unwrap())
-        .collect();
-    let r = records.reserve("req", "one-more").unwrap_err();
-    assert_eq!(
-        (r.status, r.error),
-        (StatusCode::TOO_MANY_REQUESTS, "tooManyLocks")
-    );
-    drop(reservations);
-    assert!(records.reserve("req", "one-more").is_ok());
-}

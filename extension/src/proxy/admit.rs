@@ -154,7 +154,12 @@ impl Proxy {
     /// (the invocation ended: none outlives it).
     pub async fn release(&self, slot: &Slot, run: Run) {
         let _in_flight = Releasing::start(&self.releasing);
-        let records = crate::lock_api::release_all(slot);
+        let records = async {
+            match slot.records() {
+                Some(records) => records.close().await,
+                None => 0,
+            }
+        };
         let gated = self.release_gated(slot, run);
         futures::future::join(records, gated).await;
     }
@@ -217,8 +222,12 @@ impl Proxy {
         }));
         // And every lock a handler took through the lock API: its invocation never answered.
         let slots = self.invocations.all();
-        let records =
-            futures::future::join_all(slots.iter().map(|s| crate::lock_api::release_all(s)));
+        let records = futures::future::join_all(
+            slots
+                .iter()
+                .filter_map(|s| s.records())
+                .map(|records| async move { records.close().await }),
+        );
         let all = async {
             let (_, records) = futures::future::join(releases, records).await;
             let records: usize = records.into_iter().sum();

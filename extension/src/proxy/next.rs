@@ -198,7 +198,7 @@ impl Proxy {
             });
             // The gate decides (skipped or failed invocations were answered here and are done)
             // unless FLIGHTLOCK_GATE is off; either way the caller's flightlock* entries go.
-            let handover = if self.gating {
+            let handover = if self.config.gate {
                 match self
                     .admit(&id, &slot, deadline, &event, tenant.as_deref(), trace)
                     .instrument(span.clone())
@@ -217,7 +217,12 @@ impl Proxy {
             span.in_scope(|| {
                 super::context::hand_over(&mut rparts.headers, &caller, handover.as_ref())
             });
-            slot.mark_handed_over(deadline);
+            slot.mark_handed_over(flightlock_lambda::records::Records::new(
+                self.locker(),
+                self.config.clone(),
+                self.holder(&id),
+                deadline,
+            ));
             return Ok(Response::from_parts(rparts, full(event)));
         }
     }

@@ -105,7 +105,6 @@ pub async fn start_proxy_full(
     );
     let mut proxy = Proxy::new(gate, Arc::new(Invocations::default()), upstream)
         .with_limits(limits)
-        .with_gating(settings.gate)
         .with_api_token(settings.api_token);
     if let Some(t) = traces {
         proxy = proxy.with_traces(t);

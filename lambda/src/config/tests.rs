@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use super::{
-    Config, ConfigError, OnBusy, CLOCK_SKEW, COALESCE, DEADLINE_MARGIN, FUNCTION_NAME, HEARTBEAT,
-    KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PERMITS, PROXY_PORT, STALE_AFTER,
-    TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
+    Config, ConfigError, OnBusy, CLOCK_SKEW, COALESCE, DEADLINE_MARGIN, FUNCTION_NAME, GATE,
+    HEARTBEAT, KEY, LEASE, LEASE_CAP_GRACE, LOG_LEVEL, METRICS, ON_BUSY, PERMITS, PROXY_PORT,
+    STALE_AFTER, TABLE, TICK, UPSTREAM, WAIT, WRAPPER_CHECK,
 };
 use crate::tick::TickSource;
 use flightlock::options::{ClockSkew, Wait};
@@ -49,6 +49,7 @@ fn defaults() {
     assert_eq!(c.stale_after, None);
     assert!(!c.coalesce);
     assert_eq!(c.permits, 1);
+    assert!(c.gate);
 }
 
 #[test]
@@ -69,8 +70,10 @@ fn every_variable_parses() {
         (TICK, "run-{/detail/batchId}"),
         (STALE_AFTER, "10m"),
         (COALESCE, "on"),
+        (GATE, "off"),
     ]))
     .unwrap();
+    assert!(!c.gate);
     assert!(matches!(&c.tick, TickSource::Template(t) if t.source() == "run-{/detail/batchId}"));
     assert_eq!(c.stale_after, Some(Duration::from_secs(600)));
     assert!(c.coalesce);
@@ -98,6 +101,7 @@ fn every_bad_value_names_its_variable_and_the_accepted_forms() {
         (DEADLINE_MARGIN, "1 parsec", "500ms"),
         (LOG_LEVEL, "loud", "debug"),
         (METRICS, "maybe", "on, off"),
+        (GATE, "records", "on, off"),
         (TICK, "{detail}", "auto"),
         (TICK, "every-minute", "{/detail/batchId}"),
         (TICK, "autom", "off"),

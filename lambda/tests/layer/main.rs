@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 
 mod handover;
 mod permits;
+mod records;
 mod ticks;
 
 /// What the handler saw: how many ran, how many ran at once, and the order of the events.
