@@ -57,6 +57,10 @@ impl Drop for Extension {
     }
 }
 
+/// The `AWS_SESSION_TOKEN` the double's processes get (Lambda sets it for the runtime and the
+/// extensions alike; callers of the lock API send it).
+pub const SESSION_TOKEN: &str = "e2e-double-session-token";
+
 /// Env var naming another extension binary to run instead of the workspace's (to show what an
 /// older build does on the double, e.g. one that registers INVOKE on Managed Instances).
 pub const EXTENSION_BIN_ENV: &str = "FLIGHTLOCK_E2E_EXTENSION";
@@ -102,6 +106,7 @@ pub async fn extension(
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("FLIGHTLOCK_TABLE", table)
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
+        .env("AWS_SESSION_TOKEN", SESSION_TOKEN)
         .envs(extra.iter().copied())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
@@ -184,6 +189,7 @@ fn wrapped(
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(platform.lambda_env())
+        .env("AWS_SESSION_TOKEN", SESSION_TOKEN)
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
         .env("DEMO_RECORD_FILE", record)
         .env("DEMO_ENV_NAME", name)
