@@ -175,6 +175,35 @@ pub fn python_runtime(
     wrapped(platform, proxy_port, record, name, &command, &dir)
 }
 
+/// `tests/e2e/runtimes/records_handler.py` (the SQS recipe's batch handler with the guide's lock
+/// API client, [`crate::RECORD_FILES`]) under `awslambdaric`, otherwise as [`python_runtime`].
+/// Its files are copied into `dir`.
+pub fn records_runtime(
+    platform: &Platform,
+    proxy_port: u16,
+    record: &Path,
+    name: &str,
+    dir: &Path,
+) -> tokio::process::Child {
+    let python = std::env::var(crate::PYTHON_ENV).unwrap_or_else(|_| {
+        panic!(
+            "{} is not set: eval \"$(scripts/e2e-tools)\"",
+            crate::PYTHON_ENV
+        )
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    for (from, to) in crate::RECORD_FILES {
+        std::fs::copy(repo_root().join(from), dir.join(to)).unwrap();
+    }
+    let command = [
+        python,
+        "-m".into(),
+        "awslambdaric".into(),
+        "records_handler.handler".into(),
+    ];
+    wrapped(platform, proxy_port, record, name, &command, dir)
+}
+
 fn wrapped(
     platform: &Platform,
     proxy_port: u16,

@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use flightlock_e2e::sandbox::released;
+use flightlock_e2e::platform::{Mode, Options, Outcome, Platform};
+use flightlock_e2e::sandbox::{self, records_runtime, released, SESSION_TOKEN};
 use flightlock_e2e::{record_file, start_all, stop_all, table, Runtime, Spec};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -470,4 +471,91 @@ async fn calls_without_the_token_for_another_invocation_or_after_the_end_are_ref
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
     let _ = std::fs::remove_file(&hold);
+}
+
+/// Lambda Managed Instances on the platform double: two invocations in flight at once in one
+/// environment (two `awslambdaric` processes behind one extension), each holding a record of its
+/// own. Each sees only its own lock, the second finds the first one's entity busy and reports
+/// it, and each set is released with its own invocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_instances_keep_a_set_of_locks_per_invocation_in_flight() {
+    let (endpoint, table) = table("e2e_records_mi").await;
+    let record = record_file("records-mi");
+    let platform =
+        Platform::start(Options::new(Mode::ManagedInstances { max_concurrency: 4 })).await;
+    let extra = [("FLIGHTLOCK_GATE", "off")];
+    let ext = sandbox::extension(&platform, &endpoint, &table, &extra, None).await;
+    let dir = record.with_extension("task");
+    let _a = records_runtime(&platform, ext.proxy_port, &record, "mi-a", &dir);
+    let _b = records_runtime(&platform, ext.proxy_port, &record, "mi-b", &dir);
+    assert!(
+        platform
+            .wait_runtimes_waiting(2, Duration::from_secs(20))
+            .await,
+        "{}",
+        ext.log()
+    );
+    let (hold1, hold2) = (dir.join("hold1"), dir.join("hold2"));
+    let hold = |p: &Path| p.display().to_string();
+    let first = platform.invoke(sqs_event(&[
+        json!({"entity": "m1", "seq": 1, "holdFile": hold(&hold1)}),
+    ]));
+    let started = line(&record, "start", Duration::from_secs(20)).await;
+    assert_eq!(started["requestId"], first.as_str(), "{started}");
+    let second = platform.invoke(sqs_event(&[
+        json!({"entity": "m1", "seq": 2}),
+        json!({"entity": "m2", "seq": 3, "holdFile": hold(&hold2)}),
+    ]));
+    let end = Instant::now() + Duration::from_secs(20);
+    while !lines(&record, "start").iter().any(|l| l["entity"] == "m2") {
+        assert!(Instant::now() < end, "m2 never started\n{}", ext.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Both in flight at once, each with its own set.
+    for (id, key) in [(&first, "m1"), (&second, "m2")] {
+        let (status, body) = api(ext.proxy_port, Some(SESSION_TOKEN), id, "locks", None).await;
+        assert_eq!(status, 200, "{body}");
+        let keys: Vec<&str> = body["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l["key"].as_str())
+            .collect();
+        assert_eq!(keys, [key], "{id}: {body}");
+    }
+    std::fs::write(&hold2, "").unwrap();
+    let answer = |o: Option<Outcome>| match o {
+        Some(Outcome::Response(b)) => serde_json::from_slice::<Value>(&b).unwrap(),
+        other => panic!("expected a response, got {other:?}"),
+    };
+    let r2 = answer(platform.outcome(&second, Duration::from_secs(20)).await);
+    assert_eq!(failed(&r2), [2], "m1 was busy for the second: {r2}");
+    // The first still holds m1 after the second ended.
+    let (status, body) = api(ext.proxy_port, Some(SESSION_TOKEN), &first, "locks", None).await;
+    assert_eq!(
+        (status, &body["locks"][0]["key"]),
+        (200, &json!("m1")),
+        "{body}"
+    );
+    std::fs::write(&hold1, "").unwrap();
+    let r1 = answer(platform.outcome(&first, Duration::from_secs(20)).await);
+    assert_eq!(failed(&r1), Vec::<u64>::new(), "{r1}");
+    for key in ["m1", "m2"] {
+        assert!(
+            released(&endpoint, &table, key, Duration::from_secs(5)).await,
+            "{key}"
+        );
+    }
+    let done = lines(&record, "record");
+    let (m1, m2) = (
+        done.iter().find(|d| d["entity"] == "m1").unwrap(),
+        done.iter().find(|d| d["entity"] == "m2").unwrap(),
+    );
+    assert!(
+        m1["start"].as_u64() < m2["end"].as_u64() && m2["start"].as_u64() < m1["end"].as_u64(),
+        "the two records did not run side by side: {m1} {m2}"
+    );
+    assert_ne!(m1["pid"], m2["pid"], "two runtime processes served them");
+    let _ = std::fs::remove_file(&record);
+    let _ = std::fs::remove_dir_all(&dir);
 }
