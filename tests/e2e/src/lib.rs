@@ -123,6 +123,10 @@ pub enum Runtime {
     /// `tests/e2e/runtimes/records_handler.mjs` under `aws-lambda-ric`: the same with the
     /// Node.js recipe and client (`sqs_batch.mjs`, `flightlock_locks.mjs`).
     NodeRecords,
+    /// `tests/e2e/runtimes/records_bootstrap.sh`: a bash + curl custom runtime whose handler
+    /// locks one key per event with the guide's shell client
+    /// (`docs/src/guide/lock-api/flightlock_locks.sh`).
+    CurlRecords,
 }
 
 /// The files the guide includes and the batch handlers run, copied into every task directory
@@ -135,6 +139,14 @@ pub const RECORD_FILES: &[(&str, &str)] = &[
     (
         "docs/src/guide/lock-api/flightlock_locks.mjs",
         "flightlock_locks.mjs",
+    ),
+    (
+        "docs/src/guide/lock-api/flightlock_locks.sh",
+        "flightlock_locks.sh",
+    ),
+    (
+        "tests/e2e/runtimes/records_bootstrap.sh",
+        "records_bootstrap.sh",
     ),
     ("docs/src/recipes/sqs/sqs_batch.py", "sqs_batch.py"),
     ("docs/src/recipes/sqs/sqs_batch.mjs", "sqs_batch.mjs"),
@@ -309,6 +321,10 @@ impl Env {
                     "awslambdaric".into(),
                     "records_handler.handler".into(),
                 ]);
+            }
+            Runtime::CurlRecords => {
+                command.push("bash".into());
+                command.push(task.join("records_bootstrap.sh").display().to_string());
             }
             Runtime::NodeRecords => {
                 command.push("node".into());

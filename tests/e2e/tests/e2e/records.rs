@@ -559,3 +559,66 @@ async fn managed_instances_keep_a_set_of_locks_per_invocation_in_flight() {
     let _ = std::fs::remove_file(&record);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The guide's shell client (`flightlock_locks.sh`) in a bash + curl custom runtime: busy while
+/// a Python invocation holds the key, locked with a higher token once it has ended, and a
+/// refused call (an empty key) told apart from busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shell_client_finds_a_key_busy_then_takes_it_and_tells_refusals_apart() {
+    let (endpoint, table) = table("e2e_records_sh").await;
+    let record = record_file("records-sh");
+    let specs = [Runtime::PythonRecords, Runtime::CurlRecords].map(|r| consumer("shell", r));
+    let envs = start_all("shell", &specs, &endpoint, &table, &record).await;
+    let (py, sh) = (&envs[0], &envs[1]);
+    let r = py.invoke(sqs_event(&[])).await.json();
+    assert_eq!(failed(&r), Vec::<u64>::new(), "{r}\n{}", py.log());
+    let hold = record_file("records-sh-hold");
+    let batch =
+        sqs_event(&[json!({"entity": "s1", "seq": 0, "holdFile": hold.display().to_string()})]);
+    let busy = async {
+        let started = line(&record, "start", Duration::from_secs(30)).await;
+        let r = sh.invoke(json!({"key": "s1", "seq": 1})).await.json();
+        std::fs::write(&hold, "").unwrap();
+        (started, r)
+    };
+    let (held, (started, r)) = tokio::join!(py.invoke(batch), busy);
+    assert_eq!(failed(&held.json()), Vec::<u64>::new(), "{}", py.log());
+    assert_eq!(
+        r,
+        json!({"locked": false, "status": 1}),
+        "busy\n{}",
+        sh.log()
+    );
+    assert!(released(&endpoint, &table, "s1", Duration::from_secs(5)).await);
+    let r = sh
+        .invoke(json!({"key": "s1", "seq": 2, "sleepMs": 50}))
+        .await
+        .json();
+    assert_eq!(r["locked"], true, "{r}\n{}", sh.log());
+    assert!(
+        r["token"].as_u64() > started["token"].as_u64(),
+        "{r} after {started}"
+    );
+    let r = sh.invoke(json!({"key": "", "seq": 3})).await.json();
+    assert_eq!(
+        r,
+        json!({"locked": false, "status": 2}),
+        "refused\n{}",
+        sh.log()
+    );
+    assert!(
+        sh.log().contains("badRequest"),
+        "the refusal's reason is logged\n{}",
+        sh.log()
+    );
+    let done = lines(&record, "record");
+    assert_eq!(done.len(), 2, "{done:#?}");
+    assert!(
+        done.iter().any(|d| d["env"] == "shell1" && d["seq"] == 2),
+        "{done:#?}"
+    );
+    assert!(released(&endpoint, &table, "s1", Duration::from_secs(5)).await);
+    stop_all(envs).await;
+    let _ = std::fs::remove_file(&record);
+    let _ = std::fs::remove_file(&hold);
+}
