@@ -116,7 +116,49 @@ pub enum Runtime {
     /// `tests/e2e/runtimes/curl_bootstrap.sh` as `bootstrap`: a bash + curl custom runtime as in
     /// the AWS tutorial, one short-lived curl process per Runtime API request.
     Curl,
+    /// `tests/e2e/runtimes/records_handler.py` under `awslambdaric`: the SQS recipe's batch
+    /// handler (`docs/src/recipes/sqs/sqs_batch.py`) with the guide's lock API client
+    /// (`docs/src/guide/lock-api/flightlock_locks.py`), the very files the guide includes.
+    PythonRecords,
+    /// `tests/e2e/runtimes/records_handler.mjs` under `aws-lambda-ric`: the same with the
+    /// Node.js recipe and client (`sqs_batch.mjs`, `flightlock_locks.mjs`).
+    NodeRecords,
+    /// `tests/e2e/runtimes/records_bootstrap.sh`: a bash + curl custom runtime whose handler
+    /// locks one key per event with the guide's shell client
+    /// (`docs/src/guide/lock-api/flightlock_locks.sh`).
+    CurlRecords,
 }
+
+/// The files the guide includes and the batch handlers run, copied into every task directory
+/// (source in the repository, name in the task directory).
+pub const RECORD_FILES: &[(&str, &str)] = &[
+    (
+        "docs/src/guide/lock-api/flightlock_locks.py",
+        "flightlock_locks.py",
+    ),
+    (
+        "docs/src/guide/lock-api/flightlock_locks.mjs",
+        "flightlock_locks.mjs",
+    ),
+    (
+        "docs/src/guide/lock-api/flightlock_locks.sh",
+        "flightlock_locks.sh",
+    ),
+    (
+        "tests/e2e/runtimes/records_bootstrap.sh",
+        "records_bootstrap.sh",
+    ),
+    ("docs/src/recipes/sqs/sqs_batch.py", "sqs_batch.py"),
+    ("docs/src/recipes/sqs/sqs_batch.mjs", "sqs_batch.mjs"),
+    (
+        "tests/e2e/runtimes/records_handler.py",
+        "records_handler.py",
+    ),
+    (
+        "tests/e2e/runtimes/records_handler.mjs",
+        "records_handler.mjs",
+    ),
+];
 
 /// How an environment is laid out.
 #[derive(Debug, Clone)]
@@ -165,6 +207,9 @@ pub struct Env {
     pub proxy_port: u16,
     /// The environment's private directory (its /opt, task dir, log).
     pub dir: PathBuf,
+    /// Its `AWS_SESSION_TOKEN` (the extension and the runtime see it; callers of the lock API
+    /// send it).
+    pub session_token: String,
     child: tokio::process::Child,
 }
 
@@ -243,6 +288,9 @@ impl Env {
             task.join("handler.mjs"),
         )
         .unwrap();
+        for (from, to) in RECORD_FILES {
+            std::fs::copy(repo_root().join(from), task.join(to)).unwrap();
+        }
 
         let mut command: Vec<String> = Vec::new();
         if spec.wrapper {
@@ -265,6 +313,23 @@ impl Env {
                 command.push("node".into());
                 command.push(tool(NODE_RIC_ENV).display().to_string());
                 command.push("handler.handler".into());
+            }
+            Runtime::PythonRecords => {
+                command.push(tool(PYTHON_ENV).display().to_string());
+                command.extend([
+                    "-m".into(),
+                    "awslambdaric".into(),
+                    "records_handler.handler".into(),
+                ]);
+            }
+            Runtime::CurlRecords => {
+                command.push("bash".into());
+                command.push(task.join("records_bootstrap.sh").display().to_string());
+            }
+            Runtime::NodeRecords => {
+                command.push("node".into());
+                command.push(tool(NODE_RIC_ENV).display().to_string());
+                command.push("records_handler.handler".into());
             }
         }
 
@@ -325,11 +390,16 @@ impl Env {
         env.insert("DEMO_ENV_NAME".into(), name.to_owned());
         env.insert("RAW_DIR".into(), dir.display().to_string());
         // As Lambda's managed runtimes set it (the extension checks the wrapper then).
+        // Lambda sets it for the runtime and the extensions alike; the lock API's callers send it.
+        env.insert(
+            "AWS_SESSION_TOKEN".into(),
+            format!("e2e-session-{name}-{:08x}", rand_u32()),
+        );
         match spec.runtime {
-            Runtime::Python => {
+            Runtime::Python | Runtime::PythonRecords => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
             }
-            Runtime::Node => {
+            Runtime::Node | Runtime::NodeRecords => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_nodejs20.x".into());
             }
             _ => {}
@@ -348,6 +418,7 @@ impl Env {
         for (k, v) in &spec.env {
             env.insert(k.clone(), v.clone());
         }
+        let session_token = env["AWS_SESSION_TOKEN"].clone();
         cmd.envs(&env);
         let child = cmd
             .spawn()
@@ -357,6 +428,7 @@ impl Env {
             port,
             proxy_port,
             dir,
+            session_token,
             child,
         };
         let deadline = Instant::now() + Duration::from_secs(10);

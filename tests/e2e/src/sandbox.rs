@@ -57,6 +57,10 @@ impl Drop for Extension {
     }
 }
 
+/// The `AWS_SESSION_TOKEN` the double's processes get (Lambda sets it for the runtime and the
+/// extensions alike; callers of the lock API send it).
+pub const SESSION_TOKEN: &str = "e2e-double-session-token";
+
 /// Env var naming another extension binary to run instead of the workspace's (to show what an
 /// older build does on the double, e.g. one that registers INVOKE on Managed Instances).
 pub const EXTENSION_BIN_ENV: &str = "FLIGHTLOCK_E2E_EXTENSION";
@@ -102,6 +106,7 @@ pub async fn extension(
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("FLIGHTLOCK_TABLE", table)
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
+        .env("AWS_SESSION_TOKEN", SESSION_TOKEN)
         .envs(extra.iter().copied())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
@@ -170,6 +175,35 @@ pub fn python_runtime(
     wrapped(platform, proxy_port, record, name, &command, &dir)
 }
 
+/// `tests/e2e/runtimes/records_handler.py` (the SQS recipe's batch handler with the guide's lock
+/// API client, [`crate::RECORD_FILES`]) under `awslambdaric`, otherwise as [`python_runtime`].
+/// Its files are copied into `dir`.
+pub fn records_runtime(
+    platform: &Platform,
+    proxy_port: u16,
+    record: &Path,
+    name: &str,
+    dir: &Path,
+) -> tokio::process::Child {
+    let python = std::env::var(crate::PYTHON_ENV).unwrap_or_else(|_| {
+        panic!(
+            "{} is not set: eval \"$(scripts/e2e-tools)\"",
+            crate::PYTHON_ENV
+        )
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    for (from, to) in crate::RECORD_FILES {
+        std::fs::copy(repo_root().join(from), dir.join(to)).unwrap();
+    }
+    let command = [
+        python,
+        "-m".into(),
+        "awslambdaric".into(),
+        "records_handler.handler".into(),
+    ];
+    wrapped(platform, proxy_port, record, name, &command, dir)
+}
+
 fn wrapped(
     platform: &Platform,
     proxy_port: u16,
@@ -184,6 +218,7 @@ fn wrapped(
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(platform.lambda_env())
+        .env("AWS_SESSION_TOKEN", SESSION_TOKEN)
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
         .env("DEMO_RECORD_FILE", record)
         .env("DEMO_ENV_NAME", name)

@@ -14,6 +14,7 @@ mod managed_instances_processes;
 mod memory;
 mod node_runtime;
 mod platform_modes;
+mod records;
 mod scheduled;
 mod simulator;
 mod wrapper;
