@@ -3,7 +3,8 @@
 //!
 //! - the defaults of the configuration reference's variable tables: setting a variable to its
 //!   documented default changes nothing the code parses (`Config`, `Settings`, the cleanup
-//!   function's `Config`), and the library's option defaults are `LockOptions::default()`;
+//!   function's `Config`), the library's option defaults are `LockOptions::default()`, and the
+//!   CLI reference's defaults are the `default_value` and `env` of each option's `#[arg]`;
 //! - the error types of the responses reference are the `*_ERROR_TYPE` constants of
 //!   `lambda/src/body.rs`, and its skip reasons are `SkipReason`'s words;
 //! - every complete skip body the docs show has exactly the fields `skipped_body` writes;
@@ -772,4 +773,89 @@ fn every_table_of_figures_names_its_command() {
     ));
     assert!(!runnable("make layer-x86"));
     assert!(!runnable("scripts/benchmark"));
+}
+
+/// The defaults of the CLI's long options, as their `#[arg(...)]` attributes declare them:
+/// option → (`default_value` or a literal `default_value_t`, `env`), each field once per file.
+fn cli_defaults(source: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    let quoted = |attr: &str, key: &str| -> Option<String> {
+        let rest = attr.split(&format!("{key} = \"")).nth(1)?;
+        Some(rest.split('"').next()?.to_owned())
+    };
+    let mut found = Vec::new();
+    let mut attr = String::new();
+    let mut in_attr = false;
+    for line in source.lines().map(str::trim) {
+        if line.starts_with("#[arg(") {
+            in_attr = true;
+            attr.clear();
+        }
+        if in_attr {
+            attr.push_str(line);
+            attr.push(' ');
+            in_attr = !line.ends_with(")]");
+            continue;
+        }
+        if attr.is_empty() || line.starts_with("///") || line.starts_with('#') {
+            continue;
+        }
+        let long = attr
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|w| w == "long");
+        if let (true, Some((field, _))) = (long, line.trim_start_matches("pub ").split_once(':')) {
+            let literal_t = attr
+                .split("default_value_t = ")
+                .nth(1)
+                .map(|v| {
+                    v.split([',', ')'])
+                        .next()
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned()
+                })
+                .filter(|v| v.chars().all(|c| c.is_ascii_digit()) && !v.is_empty());
+            found.push((
+                format!("--{}", field.trim().replace('_', "-")),
+                quoted(&attr, "default_value").or(literal_t),
+                quoted(&attr, "env"),
+            ));
+        }
+        attr.clear();
+    }
+    found
+}
+
+fn cli_default_problems(doc: &str) -> Vec<String> {
+    let options = table(&doc.lines().collect::<Vec<_>>());
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for file in ["main.rs", "run.rs", "status.rs", "sweep.rs", "permits.rs"] {
+        for (option, default, env) in cli_defaults(&read(&format!("cli/src/{file}"))) {
+            let Some(row) = options.get(&option) else {
+                problems.push(format!("{option} ({file}) is not in the option table"));
+                continue;
+            };
+            let cell = row.get(1).cloned().unwrap_or_default();
+            for word in default.iter().chain(env.iter()) {
+                checked += 1;
+                if !cell.contains(&format!("`{word}`")) {
+                    problems.push(format!(
+                        "{option} ({file}): the code's default is `{word}`, the CLI reference says {cell}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} CLI defaults found");
+    problems
+}
+
+#[test]
+fn the_cli_option_defaults_are_the_codes() {
+    let doc = read(super::CLI);
+    let problems = cli_default_problems(&doc);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let broken = doc.replacen("| `--lease` | `20s` |", "| `--lease` | `30s` |", 1);
+    assert_ne!(broken, doc);
+    assert_eq!(cli_default_problems(&broken).len(), 1);
 }
