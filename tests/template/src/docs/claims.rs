@@ -7,7 +7,8 @@
 //!   CLI reference's defaults are the `default_value` and `env` of each option's `#[arg]`;
 //! - the error types of the responses reference are the `*_ERROR_TYPE` constants of
 //!   `lambda/src/body.rs`, and its skip reasons are `SkipReason`'s words;
-//! - every complete skip body the docs show has exactly the fields `skipped_body` writes;
+//! - every complete skip body the docs show has exactly the fields `skipped_body` writes, and
+//!   the cleanup page's sweep summary those of `SweepSummary`, with every `RowOutcome` listed;
 //! - the metric reference says which adapter emits each metric, as the code does;
 //! - the client-context entries of "In the handler" are the constants of
 //!   `lambda/src/client_context.rs`;
@@ -858,4 +859,84 @@ fn the_cli_option_defaults_are_the_codes() {
     let broken = doc.replacen("| `--lease` | `20s` |", "| `--lease` | `30s` |", 1);
     assert_ne!(broken, doc);
     assert_eq!(cli_default_problems(&broken).len(), 1);
+}
+
+/// The sweep summary shown in the cleanup page: its fields, its row's fields and the outcome
+/// words listed under it, against `SweepSummary`, `SweptRow` and `RowOutcome`.
+fn sweep_summary_problems(doc: &str) -> Vec<String> {
+    use flightlock::sweep::{RowOutcome, SweptRow};
+    let text = section(
+        doc,
+        "## The summary (the function's response, and `flightlock sweep --json`)",
+    )
+    .join("\n");
+    let block = text
+        .split("```json\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the summary's JSON block");
+    let shown: Value = serde_json::from_str(block).expect("the summary example is JSON");
+    let row = SweptRow {
+        key: "k".into(),
+        ticket: 1,
+        owner: "o".into(),
+        lease_until_ms: 0,
+        outcome: RowOutcome::Deleted,
+    };
+    let code = serde_json::to_value(flightlock::SweepSummary {
+        rows: vec![row],
+        ..Default::default()
+    })
+    .unwrap();
+    let mut problems = Vec::new();
+    if keys(&shown) != keys(&code) {
+        problems.push(format!(
+            "the summary shows {:?}; SweepSummary has {:?}",
+            keys(&shown),
+            keys(&code)
+        ));
+    }
+    if keys(&shown["rows"][0]) != keys(&code["rows"][0]) {
+        problems.push(format!(
+            "a summary row shows {:?}; SweptRow has {:?}",
+            keys(&shown["rows"][0]),
+            keys(&code["rows"][0])
+        ));
+    }
+    let source = read("lock/src/sweep/summary.rs");
+    let body = source
+        .split("pub enum RowOutcome {")
+        .nth(1)
+        .and_then(|s| s.split("\n}").next())
+        .expect("enum RowOutcome");
+    for variant in body
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+    {
+        let name = variant.trim_end_matches(',');
+        let mut word = name[..1].to_ascii_lowercase();
+        word.push_str(&name[1..]);
+        if !text.contains(&format!("`{word}`")) {
+            problems.push(format!("the row outcome {word} is not listed"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_sweep_summary_shown_is_the_codes() {
+    let doc = read("docs/src/operations/cleanup.md");
+    let problems = sweep_summary_problems(&doc);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let old = doc.replacen(
+        ",\n  \"newerProtocol\": 0, \"newerProtocolKeys\": []",
+        "",
+        1,
+    );
+    assert_ne!(old, doc);
+    assert_eq!(sweep_summary_problems(&old).len(), 1);
+    let untold = doc.replacen("`notTried` (budget spent)", "budget spent", 1);
+    assert_ne!(untold, doc);
+    assert_eq!(sweep_summary_problems(&untold).len(), 1);
 }
