@@ -13,7 +13,8 @@
 //! - the client-context entries of "In the handler" are the constants of
 //!   `lambda/src/client_context.rs`;
 //! - the library reference lists every `flightlock::Error` variant;
-//! - every repository path and test name written in backticks exists;
+//! - every repository path and test name written in backticks exists, and every message a
+//!   troubleshooting item quotes is in the code;
 //! - every table of measured figures names the command that produced it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -939,4 +940,74 @@ fn the_sweep_summary_shown_is_the_codes() {
     let untold = doc.replacen("`notTried` (budget spent)", "budget spent", 1);
     assert_ne!(untold, doc);
     assert_eq!(sweep_summary_problems(&untold).len(), 1);
+}
+
+/// The source text of everything that prints a message a user can see: the crates' sources and
+/// the wrapper, with Rust's `\`-continued string lines joined as the compiler joins them.
+fn message_sources() -> String {
+    let root = repo_root();
+    let mut text = String::new();
+    for dir in [
+        "lock/src",
+        "lambda/src",
+        "extension/src",
+        "cli/src",
+        "functions/cleanup/src",
+    ] {
+        for f in crate::rust_files(&root.join(dir), &[]) {
+            text.push_str(&std::fs::read_to_string(f).unwrap());
+        }
+    }
+    text.push_str(&read("extension/layer/flightlock-wrapper"));
+    let mut joined = String::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let mut line = line.to_owned();
+        while let Some(head) = line.strip_suffix('\\') {
+            let next = lines.next().unwrap_or_default().trim_start();
+            line = format!("{head}{next}");
+        }
+        joined.push_str(&line);
+        joined.push('\n');
+    }
+    joined
+}
+
+/// The messages a troubleshooting item leads with (`- **… \`message\` …**`), cut at `…` and at
+/// placeholders (`N`, `M`: one capital letter): each piece of four characters or more must be in
+/// the code (JSON fragments excepted).
+fn unquoted_messages(doc: &str, code: &str) -> Vec<String> {
+    let placeholder = regex_lite::Regex::new(r"\b[A-Z]\b").unwrap();
+    let mut problems = Vec::new();
+    for line in doc.lines() {
+        let Some(lead) = line
+            .strip_prefix("- **")
+            .and_then(|rest| rest.split("**").next())
+        else {
+            continue;
+        };
+        for span in spans(lead) {
+            let pieces = span
+                .split(['…', '[', ']'])
+                .flat_map(|p| placeholder.split(p).collect::<Vec<_>>())
+                .map(str::trim);
+            for piece in pieces {
+                if piece.chars().count() >= 4 && !piece.starts_with('"') && !code.contains(piece) {
+                    problems.push(format!("troubleshooting quotes {piece:?}, no code says it"));
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_messages_troubleshooting_quotes_are_the_codes() {
+    let doc = read("docs/src/troubleshooting.md");
+    let code = message_sources();
+    let problems = unquoted_messages(&doc, &code);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(doc.contains("`cannot reach DynamoDB`"));
+    let broken = doc.replacen("`cannot reach DynamoDB`", "`cannot contact DynamoDB`", 1);
+    assert_eq!(unquoted_messages(&broken, &code).len(), 1);
 }
