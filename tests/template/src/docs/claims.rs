@@ -15,7 +15,9 @@
 //! - the library reference lists every `flightlock::Error` variant;
 //! - every repository path and test name written in backticks exists, and every message a
 //!   troubleshooting item quotes is in the code;
-//! - every table of measured figures names the command that produced it.
+//! - every table of measured figures names the command that produced it, and figures written
+//!   in prose (the protocol, key and permit limits, grace periods, the proxy's limits) are the
+//!   constants they come from.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -1010,4 +1012,106 @@ fn the_messages_troubleshooting_quotes_are_the_codes() {
     assert!(doc.contains("`cannot reach DynamoDB`"));
     let broken = doc.replacen("`cannot reach DynamoDB`", "`cannot contact DynamoDB`", 1);
     assert_eq!(unquoted_messages(&broken, &code).len(), 1);
+}
+
+/// Figures written in prose, each with the constant it comes from: (page, the sentence's words
+/// with the figure in place). A sentence reworded drops out of this list loudly; keep its figure
+/// tied to the constant.
+fn stated_figures() -> Vec<(&'static str, String)> {
+    let secs = |d: std::time::Duration| d.as_secs();
+    let limits = flightlock_extension::proxy::Limits::default();
+    vec![
+        (
+            "docs/src/operations/upgrades.md",
+            format!("(`flightlock::PROTOCOL` is {})", flightlock::PROTOCOL),
+        ),
+        (
+            "docs/src/reference/cli.md",
+            format!(
+                "the lock key, 1 to {} bytes",
+                flightlock::schema::MAX_KEY_BYTES
+            ),
+        ),
+        (
+            "docs/src/reference/library.md",
+            format!("longer than {} bytes", flightlock::schema::MAX_KEY_BYTES),
+        ),
+        (
+            "docs/src/reference/library.md",
+            format!("`MAX_PERMITS` = `{}`", flightlock::MAX_PERMITS),
+        ),
+        (
+            CONFIGURATION,
+            format!(
+                "a whole number from `1` up to `{}`",
+                flightlock::MAX_PERMITS
+            ),
+        ),
+        (
+            CONFIGURATION,
+            format!(
+                "one small record per id, kept {} h",
+                secs(flightlock::options::DEFAULT_TICK_KEEP) / 3600
+            ),
+        ),
+        (
+            "docs/src/internals/how-it-works.md",
+            format!(
+                "deadline + {} s, so a frozen or killed sandbox",
+                secs(config::LEASE_CAP_GRACE)
+            ),
+        ),
+        (
+            "docs/src/internals/how-it-works.md",
+            format!(
+                "allows {} s for the proxy to see the event",
+                secs(flightlock_extension::lifecycle::UNENFORCED_GRACE)
+            ),
+        ),
+        (
+            "docs/src/internals/how-it-works.md",
+            format!(
+                "serves at most {} runtime connections",
+                limits.max_connections
+            ),
+        ),
+        (
+            "docs/src/internals/how-it-works.md",
+            format!(
+                "complete request head within {} s",
+                secs(limits.header_read_timeout)
+            ),
+        ),
+        (
+            "docs/src/operations/cleanup.md",
+            format!(
+                "`rows` lists the first {} dead rows",
+                flightlock::SweepOptions::default().report_rows
+            ),
+        ),
+    ]
+}
+
+fn figure_problems(read_page: impl Fn(&str) -> String) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (page, sentence) in stated_figures() {
+        let text = read_page(page)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        if !text.contains(&sentence) {
+            problems.push(format!("{page} should say {sentence:?} (from the code)"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn figures_stated_in_prose_are_their_constants() {
+    let problems = figure_problems(read);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let broken = figure_problems(|page| {
+        read(page).replace("allows 2 s for the proxy", "allows 3 s for the proxy")
+    });
+    assert_eq!(broken.len(), 1, "{broken:?}");
 }
