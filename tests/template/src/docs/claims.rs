@@ -1115,3 +1115,34 @@ fn figures_stated_in_prose_are_their_constants() {
     });
     assert_eq!(broken.len(), 1, "{broken:?}");
 }
+
+/// The log lines the metrics reference tells a user to look for, which the code must print.
+fn unlogged_lines(doc: &str, code: &str) -> Vec<String> {
+    let text = section(doc, "## Logs").join("\n");
+    let lines = text
+        .split("The lines\nto look for:")
+        .nth(1)
+        .or_else(|| text.split("The lines to look for:").nth(1))
+        .expect("the sentence naming the lines to look for");
+    let lines = lines.split("\n\n").next().unwrap_or_default();
+    let named: Vec<&str> = spans(lines)
+        .into_iter()
+        .filter(|s| !s.contains('_') && *s != "FLIGHTLOCK_LOG_LEVEL")
+        .collect();
+    assert!(named.len() >= 4, "{named:?}");
+    named
+        .into_iter()
+        .filter(|line| !code.contains(&format!("\"{line}")))
+        .map(|line| format!("the log line {line:?} is printed by no code"))
+        .collect()
+}
+
+#[test]
+fn the_log_lines_to_look_for_are_printed() {
+    let doc = read("docs/src/reference/metrics.md");
+    let code = message_sources();
+    let problems = unlogged_lines(&doc, &code);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let broken = doc.replacen("`lock released`", "`lock freed`", 1);
+    assert_eq!(unlogged_lines(&broken, &code).len(), 1);
+}
