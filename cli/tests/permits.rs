@@ -7,7 +7,6 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::Client;
 use flightlock::permits::{set_permits, Change, PermitsError};
 use flightlock::{LockOptions, Locker, Wait};
 
@@ -15,7 +14,6 @@ const POLL: Duration = Duration::from_millis(50);
 
 struct Env {
     endpoint: String,
-    client: Client,
     table: String,
     locker: Locker,
 }
@@ -24,8 +22,7 @@ async fn env(name: &str) -> Env {
     let t = flightlock_testkit::fresh_table(name).await;
     Env {
         endpoint: t.endpoint,
-        locker: Locker::new(t.client.clone(), &t.table),
-        client: t.client,
+        locker: Locker::new(t.client, &t.table),
         table: t.table,
     }
 }
@@ -40,7 +37,7 @@ fn opts(permits: u32) -> LockOptions {
 
 impl Env {
     async fn set(&self, key: &str, n: u32, wait: Duration) -> Result<Change, PermitsError> {
-        let done = set_permits(&self.client, &self.table, key, n, wait, POLL).await?;
+        let done = set_permits(&self.locker, key, n, wait, POLL).await?;
         assert_eq!((done.key.as_str(), done.permits), (key, n));
         Ok(done.change)
     }

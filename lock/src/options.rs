@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::holder::HolderInfo;
+use crate::protocol::MAX_PERMITS;
 use crate::tick::Tick;
 
 /// How long an acquisition may wait for the key ("record wait").
@@ -136,9 +137,6 @@ pub struct LockOptions {
     /// one-at-a-time promise).
     pub permits: u32,
 }
-
-/// The most permits a key may have ([`LockOptions::permits`]).
-pub const MAX_PERMITS: u32 = 100;
 
 /// The forms a number of permits accepts ([`parse_permits`]).
 pub const PERMITS_FORMS: &str =

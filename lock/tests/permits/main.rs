@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
-use flightlock::permits::{read, set_permits, Change, PermitsError};
+use flightlock::permits::{set_permits, Change, PermitsError};
 use flightlock::schema::{self, seed};
 use flightlock::{ClockSkew, EntryState, Error, LockOptions, Locker, Wait};
 
@@ -42,7 +42,7 @@ fn opts(permits: u32) -> LockOptions {
 
 impl Env {
     async fn set(&self, key: &str, n: u32, wait: Duration) -> Result<Change, PermitsError> {
-        let done = set_permits(&self.client, &self.table, key, n, wait, POLL).await?;
+        let done = set_permits(&self.locker, key, n, wait, POLL).await?;
         assert_eq!((done.key.as_str(), done.permits), (key, n));
         Ok(done.change)
     }
@@ -113,7 +113,7 @@ async fn one_to_three_on_an_idle_key_then_back_to_one() {
         }) => assert_eq!((table, configured), (3, 1)),
         other => panic!("expected PermitsMismatch, got {other:?}"),
     }
-    let state = read(&e.client, &e.table, key, SKEW).await.unwrap();
+    let state = e.locker.state(key, SKEW).await.unwrap();
     assert_eq!((state.protocol, state.permits), (2, 3));
     let holding = state
         .queue
@@ -143,7 +143,7 @@ async fn one_to_three_on_an_idle_key_then_back_to_one() {
     ));
     let g = e.locker.acquire(key, &opts(1)).await.unwrap();
     g.release().await.unwrap();
-    let state = read(&e.client, &e.table, key, SKEW).await.unwrap();
+    let state = e.locker.state(key, SKEW).await.unwrap();
     assert_eq!((state.protocol, state.permits), (1, 1));
 }
 
@@ -152,7 +152,7 @@ async fn a_taken_seat_is_waited_for_and_never_changed_under_its_holder() {
     let e = env("permits_seat").await;
     let key = "nightly";
     let guard = e.locker.acquire(key, &opts(1)).await.unwrap();
-    let state = read(&e.client, &e.table, key, SKEW).await.unwrap();
+    let state = e.locker.state(key, SKEW).await.unwrap();
     assert_eq!(
         state.seat,
         Some(guard.token()),
@@ -172,8 +172,8 @@ async fn a_taken_seat_is_waited_for_and_never_changed_under_its_holder() {
 
     // Waiting: it goes through once the holder releases.
     let waiting = tokio::spawn({
-        let (client, table) = (e.client.clone(), e.table.clone());
-        async move { set_permits(&client, &table, key, 2, Duration::from_secs(20), POLL).await }
+        let locker = e.locker.clone();
+        async move { set_permits(&locker, key, 2, Duration::from_secs(20), POLL).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "it must wait for the seat");
@@ -238,6 +238,6 @@ async fn out_of_range_is_refused_before_any_request() {
             Err(PermitsError::OutOfRange(m)) if m == n
         ));
     }
-    let state = read(&e.client, &e.table, "k", SKEW).await.unwrap();
+    let state = e.locker.state("k", SKEW).await.unwrap();
     assert!(!state.has_counter);
 }
