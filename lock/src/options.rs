@@ -378,6 +378,19 @@ pub fn parse_stale_after(value: &str) -> Result<Option<Duration>, String> {
 mod tests {
     use super::*;
 
+    /// [`PERMITS_FORMS`] is a constant string, so it writes [`MAX_PERMITS`] out: it must say
+    /// the number the parser accepts, and no more.
+    #[test]
+    fn the_permits_forms_name_the_bound_the_parser_keeps() {
+        assert!(
+            PERMITS_FORMS.contains(&format!("up to {MAX_PERMITS},")),
+            "{PERMITS_FORMS}"
+        );
+        assert_eq!(parse_permits(&MAX_PERMITS.to_string()), Ok(MAX_PERMITS));
+        assert!(parse_permits(&(MAX_PERMITS + 1).to_string()).is_err());
+        assert!(parse_permits("0").is_err());
+    }
+
     #[test]
     fn switches_read_each_word_in_any_case_and_nothing_else() {
         for word in SWITCH_ON_WORDS {
