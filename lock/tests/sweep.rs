@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_dynamodb::Client;
 use flightlock::schema::{self, n, queue_sk, s, seed};
 use flightlock::sweep::{RowOutcome, SweepOptions, Sweeper};
 use flightlock::{Clock, LockOptions, Locker, SkewedClock, SystemClock, Wait};
@@ -22,24 +21,20 @@ const HOUR_MS: i64 = 3_600_000;
 /// exists precisely for dead rows that TTL has not removed yet.
 const TTL_GRACE_MS: i64 = 30 * 24 * HOUR_MS;
 
-struct Env {
-    endpoint: String,
-    client: Client,
-    table: String,
+/// A table of its own ([`flightlock_testkit::env::Env`]), with what the sweep tests do to it.
+struct Env(flightlock_testkit::env::Env);
+
+impl std::ops::Deref for Env {
+    type Target = flightlock_testkit::env::Env;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(name: &str) -> Env {
-        let flightlock_testkit::FreshTable {
-            endpoint,
-            client,
-            table,
-        } = flightlock_testkit::fresh_table(name).await;
-        Env {
-            endpoint,
-            client,
-            table,
-        }
+        Env(flightlock_testkit::env::Env::new(name).await)
     }
 
     fn sweeper(&self) -> Sweeper {
