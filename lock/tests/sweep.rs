@@ -49,21 +49,8 @@ impl Env {
 
     /// Puts a queue row (and its counter) whose lease ends at `lease_until_ms`.
     async fn row(&self, key: &str, ticket: u64, owner: &str, lease_until_ms: i64) {
-        let item = seed::row(key, ticket, owner, "rvn-1", lease_until_ms);
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .unwrap();
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(seed::counter(key, ticket)))
-            .send()
-            .await
-            .unwrap();
+        let row = seed::row(key, ticket, owner, "rvn-1", lease_until_ms);
+        self.put(vec![row, seed::counter(key, ticket)]).await;
     }
 
     /// Writes `count` idle keys (a counter and no rows), 25 per BatchWriteItem, 8 at a time.
