@@ -167,7 +167,7 @@ async fn status_and_sweep_report_a_refusing_endpoint_not_a_spent_budget() {
 async fn a_table_of_another_shape_is_named_by_run_status_and_sweep() {
     let env = Env::new("ffshape").await;
     let name = flightlock_testkit::unique_table("ffshapeid");
-    create_table_keyed_by_id(&env.client, &name).await;
+    create_table_keyed_by(&env.client, &name, "id").await;
     for args in [
         &["run", "--key", "job", "--wait", "10m", "--", "true"][..],
         &["status", "--key", "job"],

@@ -25,7 +25,7 @@ async fn a_table_with_the_wrong_keys_is_refused() {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let name = flightlock_testkit::unique_table("wrongkeys");
-    create_table_keyed_by_id(&client, &name).await;
+    create_table_keyed_by(&client, &name, "id").await;
     let err = table::create_table(&client, &name).await.unwrap_err();
     assert!(matches!(err, Error::WrongKeySchema { .. }), "{err}");
     assert!(err.to_string().contains("`id` (S, HASH)"), "{err}");
@@ -106,7 +106,7 @@ async fn a_wrong_table_is_explained_on_first_use() {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let name = flightlock_testkit::unique_table("wrongfirst");
-    create_table_keyed_by_id(&client, &name).await;
+    create_table_keyed_by(&client, &name, "id").await;
     let locker = flightlock::Locker::new(client, &name);
     let err = locker
         .acquire("k", &flightlock::LockOptions::default())

@@ -310,22 +310,23 @@ pub fn assert_strictly_increasing(tokens: &[u64]) {
     );
 }
 
-/// A table that is not a flightlock table: one string hash key `id`.
-pub async fn create_table_keyed_by_id(client: &Client, name: &str) {
+/// A table that is not a flightlock table: one string hash key named `key` (`id`: a user's
+/// table of another shape).
+pub async fn create_table_keyed_by(client: &Client, name: &str, key: &str) {
     client
         .create_table()
         .table_name(name)
         .billing_mode(BillingMode::PayPerRequest)
         .attribute_definitions(
             AttributeDefinition::builder()
-                .attribute_name("id")
+                .attribute_name(key)
                 .attribute_type(ScalarAttributeType::S)
                 .build()
                 .unwrap(),
         )
         .key_schema(
             KeySchemaElement::builder()
-                .attribute_name("id")
+                .attribute_name(key)
                 .key_type(KeyType::Hash)
                 .build()
                 .unwrap(),
