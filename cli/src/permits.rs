@@ -38,9 +38,8 @@ pub struct PermitsArgs {
 }
 
 pub async fn permits(args: PermitsArgs) -> anyhow::Result<ExitCode> {
-    let client = args.conn.client().await;
-    let table = &args.conn.table;
-    let done = match set_permits(&client, table, &args.key, args.set, args.wait, POLL).await {
+    let locker = Locker::new(args.conn.client().await, &args.conn.table);
+    let done = match set_permits(&locker, &args.key, args.set, args.wait, POLL).await {
         Ok(done) => done,
         Err(e @ PermitsError::SeatTaken { .. }) => {
             eprintln!("flightlock: {e}");
@@ -50,10 +49,7 @@ pub async fn permits(args: PermitsArgs) -> anyhow::Result<ExitCode> {
             eprintln!("flightlock: {e}");
             return Ok(ExitCode::from(EXIT_USAGE));
         }
-        Err(PermitsError::Lock(e)) => {
-            let locker = Locker::new(client, table);
-            return Err(crate::explained(&locker, e).await);
-        }
+        Err(PermitsError::Lock(e)) => return Err(crate::explained(&locker, e).await),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&done)?);

@@ -24,28 +24,24 @@ pub struct StatusArgs {
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let client = args.conn.client().await;
-    let locker = Locker::new(client.clone(), &args.conn.table);
-    let state =
-        match flightlock::permits::read(&client, &args.conn.table, &args.key, args.max_clock_skew)
-            .await
-        {
-            Ok(state) => state,
-            Err(flightlock::Error::ProtocolTooNew { table, speaks, .. }) if args.json => {
-                // A queue this build cannot read: its protocol, and no queue.
-                let out = serde_json::json!({
-                    "table": args.conn.table,
-                    "key": args.key,
-                    "protocol": table,
-                    "speaks": speaks,
-                    "permits": null,
-                    "queue": null,
-                });
-                println!("{}", serde_json::to_string_pretty(&out)?);
-                return Ok(ExitCode::from(crate::EXIT_PROTOCOL));
-            }
-            Err(e) => return Err(crate::explained(&locker, e).await),
-        };
+    let locker = Locker::new(args.conn.client().await, &args.conn.table);
+    let state = match locker.state(&args.key, args.max_clock_skew).await {
+        Ok(state) => state,
+        Err(flightlock::Error::ProtocolTooNew { table, speaks, .. }) if args.json => {
+            // A queue this build cannot read: its protocol, and no queue.
+            let out = serde_json::json!({
+                "table": args.conn.table,
+                "key": args.key,
+                "protocol": table,
+                "speaks": speaks,
+                "permits": null,
+                "queue": null,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            return Ok(ExitCode::from(crate::EXIT_PROTOCOL));
+        }
+        Err(e) => return Err(crate::explained(&locker, e).await),
+    };
     let count = |s: EntryState| state.queue.iter().filter(|e| e.state == s).count();
     let (holding, waiting) = (count(EntryState::Holding), count(EntryState::Waiting));
     if args.json {

@@ -125,7 +125,7 @@ pub async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
                 summary.newer_protocol,
                 flightlock::PROTOCOL,
                 summary.newer_protocol_keys.join(", "),
-                flightlock::protocol::UPGRADE_GUIDE
+                flightlock::error::UPGRADE_GUIDE
             );
         }
     }

@@ -9,6 +9,12 @@ use std::time::Duration;
 
 use crate::holder::HolderInfo;
 
+/// Where a user who meets [`Error::ProtocolTooNew`] reads what to do.
+pub const UPGRADE_GUIDE: &str = "docs/src/operations/upgrades.md";
+
+/// Where a user who meets [`Error::PermitsMismatch`] reads how to change a key's permits.
+pub const PERMITS_GUIDE: &str = "docs/src/guide/n-at-a-time.md";
+
 /// A boxed source error, kept so nothing about the cause is thrown away.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -182,7 +188,7 @@ pub enum Error {
     #[error(
         "lock `{key}` runs flightlock protocol {table}, but this build speaks protocol {speaks} \
          at most: it was refused, not granted. Upgrade this participant to a release that speaks \
-         protocol {table} (see the upgrade guide: {guide})", guide = crate::protocol::UPGRADE_GUIDE
+         protocol {table} (see the upgrade guide: {guide})", guide = UPGRADE_GUIDE
     )]
     ProtocolTooNew {
         /// Lock key.
@@ -201,7 +207,7 @@ pub enum Error {
          {configured}: it was refused, not granted. Configure every participant on the key with \
          permits = {table} (`--permits`, `FLIGHTLOCK_PERMITS`), or change the key's permits with \
          `flightlock permits --key {key} --set N` (see {guide})",
-        guide = crate::protocol::PERMITS_GUIDE
+        guide = PERMITS_GUIDE
     )]
     PermitsMismatch {
         /// Lock key.

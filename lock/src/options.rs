@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::holder::HolderInfo;
+use crate::protocol::MAX_PERMITS;
 use crate::tick::Tick;
 
 /// How long an acquisition may wait for the key ("record wait").
@@ -136,9 +137,6 @@ pub struct LockOptions {
     /// one-at-a-time promise).
     pub permits: u32,
 }
-
-/// The most permits a key may have ([`LockOptions::permits`]).
-pub const MAX_PERMITS: u32 = 100;
 
 /// The forms a number of permits accepts ([`parse_permits`]).
 pub const PERMITS_FORMS: &str =
@@ -379,6 +377,19 @@ pub fn parse_stale_after(value: &str) -> Result<Option<Duration>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`PERMITS_FORMS`] is a constant string, so it writes [`MAX_PERMITS`] out: it must say
+    /// the number the parser accepts, and no more.
+    #[test]
+    fn the_permits_forms_name_the_bound_the_parser_keeps() {
+        assert!(
+            PERMITS_FORMS.contains(&format!("up to {MAX_PERMITS},")),
+            "{PERMITS_FORMS}"
+        );
+        assert_eq!(parse_permits(&MAX_PERMITS.to_string()), Ok(MAX_PERMITS));
+        assert!(parse_permits(&(MAX_PERMITS + 1).to_string()).is_err());
+        assert!(parse_permits("0").is_err());
+    }
 
     #[test]
     fn switches_read_each_word_in_any_case_and_nothing_else() {

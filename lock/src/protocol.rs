@@ -1,7 +1,7 @@
 //! The protocol's version on the table: which protocol a key runs, and the check every
 //! participant makes before it trusts what it reads or writes.
 //!
-//! A key's counter item carries `protocol` (N, [`crate::schema::PROTOCOL_ATTR`]); an absent
+//! A key's counter item carries `protocol` (N, [`PROTOCOL_ATTR`]); an absent
 //! attribute means protocol 1. [`PROTOCOL`] is the highest version this build speaks, the one
 //! source of that number. The check rides on requests the protocol already makes, so it costs no
 //! request (2 per uncontended cycle stay 2):
@@ -21,11 +21,14 @@
 //! counter (the seat's take, the enqueue's counter update), so no grant escapes the check
 //! (`lock/PROTOCOL.md`, "The protocol's version").
 
+use std::collections::HashMap;
+
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::Error;
-use crate::schema::{PERMITS_ATTR, PROTOCOL_ATTR};
-use crate::storage::Item;
+
+/// A DynamoDB item, as the requests and answers carry it.
+type Item = HashMap<String, AttributeValue>;
 
 /// The highest protocol version this build speaks. An absent `protocol` attribute on a key's
 /// counter means 1. Changing what the table holds or how a request is conditioned changes this
@@ -38,11 +41,17 @@ use crate::storage::Item;
 ///   what a protocol 1 build writes (its writes are conditioned on `:speaks = 1`).
 pub const PROTOCOL: u32 = 2;
 
-/// Where a user who meets [`Error::ProtocolTooNew`] reads what to do.
-pub const UPGRADE_GUIDE: &str = "docs/src/operations/upgrades.md";
-
-/// Where a user who meets [`Error::PermitsMismatch`] reads how to change a key's permits.
-pub const PERMITS_GUIDE: &str = "docs/src/guide/n-at-a-time.md";
+/// Counter attribute: the protocol version the key runs (N; absent means 1). Written at the
+/// counter's creation; every write that touches the counter is conditioned on it not being newer
+/// than the writer speaks, and every read of the counter checks it.
+pub const PROTOCOL_ATTR: &str = "protocol";
+/// Counter attribute (protocol 2): how many holders the key allows at a time (N, at least 2; a
+/// key of protocol 1 carries none and allows one). Written at the counter's creation or by
+/// `flightlock permits`; every write of a participant configured with more than one permit is
+/// conditioned on it.
+pub const PERMITS_ATTR: &str = "permits";
+/// The most permits a key may have ([`crate::LockOptions::permits`]).
+pub const MAX_PERMITS: u32 = 100;
 
 /// The condition every write that touches the counter carries: the key runs a protocol this
 /// build speaks. `#proto` names [`PROTOCOL_ATTR`], `:speaks` is [`PROTOCOL`].
@@ -53,7 +62,7 @@ pub const CONDITION: &str = "(attribute_not_exists(#proto) OR #proto <= :speaks)
 /// newer protocol refuses the write; the refusal's `ALL_OLD` counter says which.
 pub const PERMITS_CONDITION: &str = "(#proto = :speaks AND #permits = :permits)";
 
-/// The placeholder of [`crate::schema::PERMITS_ATTR`] in [`PERMITS_CONDITION`].
+/// The placeholder of [`PERMITS_ATTR`] in [`PERMITS_CONDITION`].
 pub(crate) const PERMITS_NAME: &str = "#permits";
 /// The placeholder of our permits in [`PERMITS_CONDITION`].
 pub(crate) const PERMITS_VALUE: &str = ":permits";
@@ -96,7 +105,7 @@ impl Speaks {
     /// counter (or a row of a key whose counter the sweeper checked).
     pub(crate) fn condition(
         self,
-        names: &mut std::collections::HashMap<String, String>,
+        names: &mut HashMap<String, String>,
         values: &mut Item,
     ) -> &'static str {
         names.insert(NAME.to_owned(), PROTOCOL_ATTR.to_owned());
@@ -164,19 +173,6 @@ pub(crate) fn check(key: &str, counter: Option<&Item>) -> Result<(), Error> {
     }
 }
 
-/// [`check`], then the key's permits against a participant's: [`Error::PermitsMismatch`] if they
-/// differ. `counter` is the counter item as read or as it stood when a write was refused. No
-/// counter: nothing to check (see `lock/PROTOCOL.md`, "What remains assumed").
-pub(crate) fn agree(key: &str, counter: Option<&Item>, speaks: Speaks) -> Result<(), Error> {
-    if let (Speaks::Permits(configured), Some(item)) = (speaks, counter) {
-        // A counter this build cannot decode is not ours to judge either.
-        check(key, Some(item))?;
-        let table = crate::schema::Counter::from_item(key, item)?.permits;
-        return agree_permits(key, table, configured);
-    }
-    check(key, counter)
-}
-
 /// [`Error::PermitsMismatch`] unless the key's permits (`table`, 1 on protocol 1) are ours.
 pub(crate) fn agree_permits(key: &str, table: u32, configured: u32) -> Result<(), Error> {
     if table == configured {
@@ -193,7 +189,7 @@ pub(crate) fn agree_permits(key: &str, table: u32, configured: u32) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use crate::error::UPGRADE_GUIDE;
 
     fn counter(protocol: Option<AttributeValue>) -> Item {
         let mut item = HashMap::from([("last".to_owned(), AttributeValue::N("3".into()))]);

@@ -51,15 +51,9 @@ pub const LAST: &str = "last";
 /// changed by hand, so its `last` is not trusted without a full read.
 pub const LAST_OWNER: &str = "lastOwner";
 
-/// Counter attribute: the protocol version the key runs (N; absent means 1). Written at the
-/// counter's creation; every write that touches the counter is conditioned on it not being newer
-/// than the writer speaks, and every read of the counter checks it (see [`crate::protocol`]).
-pub const PROTOCOL_ATTR: &str = "protocol";
-/// Counter attribute (protocol 2): how many holders the key allows at a time (N, at least 2; a
-/// key of protocol 1 carries none and allows one). Written at the counter's creation or by
-/// `flightlock permits`; every write of a participant configured with more than one permit is
-/// conditioned on it (see [`crate::protocol`]).
-pub const PERMITS_ATTR: &str = "permits";
+// The protocol's own attributes are defined with the protocol (see [`crate::protocol`]).
+pub use crate::protocol::{PERMITS_ATTR, PROTOCOL_ATTR};
+
 /// How the `lastOwner` of a counter created for a key of more than one permit starts: an owner
 /// id that is no acquisition's, so a participant's hint never mistakes a recreated counter (whose
 /// `last` may be below tickets already queued) for one an enqueue moved (see

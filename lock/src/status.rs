@@ -1,13 +1,60 @@
 //! Inspecting a key's queue: who holds, who waits, which rows are stale. Pure classification of
-//! one strongly consistent read; used by [`crate::Locker::queue`] and `flightlock status`.
+//! one strongly consistent read; used by [`crate::Locker::state`] (`flightlock status`, `run`'s
+//! progress lines) and [`crate::permits::set_permits`].
 
 use std::time::Duration;
 
 use crate::clock::millis;
 use crate::holder::HolderInfo;
+use crate::options::ClockSkew;
 use crate::schema::Snapshot;
 
-/// One row of [`crate::Locker::queue`].
+/// What a key's partition says ([`crate::Locker::state`]): its queue classified against its
+/// permits, its protocol and permits (1 without a counter or on protocol 1), and its highest
+/// ticket. One strongly consistent read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyState {
+    /// The queue, in ticket order (the first `permits` live entries hold).
+    pub queue: Vec<QueueEntry>,
+    /// The protocol the key runs.
+    pub protocol: u32,
+    /// The key's permits.
+    pub permits: u32,
+    /// Whether the key has a counter item.
+    pub has_counter: bool,
+    /// The highest ticket the counter or a row carries (0 for a key never used).
+    pub highest_ticket: u64,
+    /// The seated holder's ticket, if the counter's seat is taken.
+    pub seat: Option<u64>,
+}
+
+impl KeyState {
+    /// Classifies `snap` at wall time `wall_ms`, judging stale entries with `skew` (clock-free
+    /// mode cannot judge from one read: it is shown as bounded by zero skew).
+    pub(crate) fn new(snap: Snapshot, wall_ms: i64, skew: ClockSkew) -> KeyState {
+        let highest_ticket = snap
+            .rows
+            .iter()
+            .map(|r| r.ticket)
+            .chain(snap.counter.as_ref().map(|c| c.last))
+            .max()
+            .unwrap_or(0);
+        let skew = match skew {
+            ClockSkew::Bounded(d) => d,
+            ClockSkew::Unbounded => Duration::ZERO,
+        };
+        KeyState {
+            protocol: snap.protocol,
+            permits: snap.counter.as_ref().map_or(1, |c| c.permits),
+            has_counter: snap.counter.is_some(),
+            highest_ticket,
+            seat: snap.rows.iter().find(|r| r.seat).map(|r| r.ticket),
+            queue: QueueEntry::classify(snap, wall_ms, skew),
+        }
+    }
+}
+
+/// One entry of a key's queue ([`KeyState::queue`], [`crate::Locker::queue`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueEntry {
@@ -47,7 +94,7 @@ pub enum EntryState {
 }
 
 impl QueueEntry {
-    pub(crate) fn classify(snap: Snapshot, wall_ms: i64, skew: Duration) -> Vec<QueueEntry> {
+    fn classify(snap: Snapshot, wall_ms: i64, skew: Duration) -> Vec<QueueEntry> {
         // The first live entries hold the key's permits (one on protocol 1).
         let permits = snap.counter.as_ref().map_or(1, |c| c.permits) as usize;
         let mut holders = 0;

@@ -4,65 +4,37 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_dynamodb::Client;
 use flightlock::schema::{self, n, queue_sk, s, seed};
 use flightlock::sweep::{RowOutcome, SweepOptions, Sweeper};
 use flightlock::{Clock, LockOptions, Locker, SkewedClock, SystemClock, Wait};
+use flightlock_testkit::env::within;
 use flightlock_testkit::{Fault, FaultProxy, Rule};
 
 const HOUR_MS: i64 = 3_600_000;
 
-/// Awaits `fut` for at most `bound`: a test that waits for a signal fails, never hangs.
-async fn within<T>(bound: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    match tokio::time::timeout(bound, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: nothing within {bound:?}"),
-    }
-}
-
-/// Runs the `flightlock` command `c` to its end (stdout and stderr captured) within a minute;
-/// past it, kills it and fails.
-async fn output(mut c: std::process::Command) -> std::process::Output {
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = c.spawn().unwrap();
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    let wait = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap());
-    match tokio::time::timeout(Duration::from_secs(60), wait).await {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("flightlock sweep: still running after a minute (killed)")
-        }
-    }
-}
 /// TTL grace of the rows the tests write: `expiresAt` lies 30 days after the lease end, so
 /// DynamoDB Local, which really runs TTL, never removes a row under a test's feet. The sweeper
 /// exists precisely for dead rows that TTL has not removed yet.
 const TTL_GRACE_MS: i64 = 30 * 24 * HOUR_MS;
 
-struct Env {
-    endpoint: String,
-    client: Client,
-    table: String,
+/// A table of its own ([`flightlock_testkit::env::Env`]), with what the sweep tests do to it.
+struct Env(flightlock_testkit::env::Env);
+
+impl std::ops::Deref for Env {
+    type Target = flightlock_testkit::env::Env;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(name: &str) -> Env {
-        let flightlock_testkit::FreshTable {
-            endpoint,
-            client,
-            table,
-        } = flightlock_testkit::fresh_table(name).await;
-        Env {
-            endpoint,
-            client,
-            table,
-        }
+        Env(flightlock_testkit::env::Env::new(name).await)
     }
 
     fn sweeper(&self) -> Sweeper {
@@ -77,21 +49,8 @@ impl Env {
 
     /// Puts a queue row (and its counter) whose lease ends at `lease_until_ms`.
     async fn row(&self, key: &str, ticket: u64, owner: &str, lease_until_ms: i64) {
-        let item = seed::row(key, ticket, owner, "rvn-1", lease_until_ms);
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .unwrap();
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(seed::counter(key, ticket)))
-            .send()
-            .await
-            .unwrap();
+        let row = seed::row(key, ticket, owner, "rvn-1", lease_until_ms);
+        self.put(vec![row, seed::counter(key, ticket)]).await;
     }
 
     /// Writes `count` idle keys (a counter and no rows), 25 per BatchWriteItem, 8 at a time.
@@ -561,40 +520,4 @@ async fn a_missing_table_is_an_error_naming_the_fix() {
         matches!(err, flightlock::Error::TableNotFound { .. }),
         "{err}"
     );
-}
-
-#[tokio::test]
-async fn cli_dry_run_prints_the_summary_as_json() {
-    let env = Env::new("sweep_cli").await;
-    let t = now();
-    env.row("dead", 3, "o", t - HOUR_MS).await;
-    env.row("live", 3, "o", t + 60_000).await;
-    let mut c = std::process::Command::new(flightlock_testkit::cli_bin());
-    c.args(["sweep", "--dry-run", "--json", "--grace", "15m"])
-        .env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
-        .env("AWS_ACCESS_KEY_ID", "local")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
-        .env("AWS_REGION", "us-east-1")
-        .env("FLIGHTLOCK_TABLE", &env.table)
-        .stdin(Stdio::null());
-    let out = output(c).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json["dryRun"], true);
-    assert_eq!(json["dead"], 1);
-    assert_eq!(json["deleted"], 0);
-    assert_eq!(json["complete"], true);
-    assert_eq!(json["graceMs"], 900_000);
-    assert_eq!(json["rows"][0]["key"], "dead");
-    assert_eq!(json["rows"][0]["outcome"], "wouldDelete");
-    assert_eq!(env.census().await, (2, 2));
-
-    // A bad grace is refused with a message naming it.
-    let mut c = std::process::Command::new(flightlock_testkit::cli_bin());
-    c.args(["sweep", "--table", &env.table, "--grace", "soon"])
-        .stdin(Stdio::null());
-    let out = output(c).await;
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("soon"));
 }

@@ -42,7 +42,7 @@ use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions};
 use crate::retry::Policy;
 use crate::schema::{validate_key, Snapshot};
-use crate::status::QueueEntry;
+use crate::status::{KeyState, QueueEntry};
 use crate::storage::Dynamo;
 use crate::storage::{Failure, Storage, Store};
 
@@ -298,32 +298,20 @@ impl Locker {
         }
     }
 
-    /// The queue of `key` as it stands, judged by our wall clock with `skew` (clock-free mode
-    /// cannot judge from one read; it is shown as bounded by zero skew).
+    /// The queue of `key` as it stands ([`Locker::state`]).
     pub async fn queue(&self, key: &str, skew: ClockSkew) -> Result<Vec<QueueEntry>, Error> {
-        Ok(self.queue_and_protocol(key, skew).await?.0)
+        Ok(self.state(key, skew).await?.queue)
     }
 
-    /// [`Locker::queue`], and the protocol version the key runs (from its counter; 1 without
-    /// one). A key on a newer protocol than this build speaks is [`Error::ProtocolTooNew`].
-    pub async fn queue_and_protocol(
-        &self,
-        key: &str,
-        skew: ClockSkew,
-    ) -> Result<(Vec<QueueEntry>, u32), Error> {
+    /// What `key`'s partition says ([`KeyState`]): its queue judged by our wall clock with
+    /// `skew` (clock-free mode cannot judge from one read; it is shown as bounded by zero skew),
+    /// its protocol, permits and highest ticket. One strongly consistent read, retried as an
+    /// acquisition retries. A key on a newer protocol than this build speaks is
+    /// [`Error::ProtocolTooNew`].
+    pub async fn state(&self, key: &str, skew: ClockSkew) -> Result<KeyState, Error> {
         validate_key(key)?;
-        let snap = self
-            .read_with_retry(key, self.clock.now() + MIN_RETRY_BUDGET)
-            .await?;
-        let skew = match skew {
-            ClockSkew::Bounded(d) => d,
-            ClockSkew::Unbounded => Duration::ZERO,
-        };
-        let protocol = snap.protocol;
-        Ok((
-            QueueEntry::classify(snap, self.clock.wall_ms(), skew),
-            protocol,
-        ))
+        let snap = self.read_with_retry(key, self.retry_deadline()).await?;
+        Ok(KeyState::new(snap, self.clock.wall_ms(), skew))
     }
 
     /// The current holder of `key` with the lowest ticket (the only one, with one permit), if
@@ -350,16 +338,45 @@ impl Locker {
     }
 
     async fn read_with_retry(&self, key: &str, give_up: Instant) -> Result<Snapshot, Error> {
+        self.retrying(give_up, || self.store.read(key)).await
+    }
+
+    /// Sends the request `send` makes until it is answered, retrying transient failures as an
+    /// acquisition does until `give_up`.
+    pub(crate) async fn retrying<T, F, Fut>(
+        &self,
+        give_up: Instant,
+        mut send: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Failure>>,
+    {
         let mut failures = 0;
         loop {
-            match self.store.read(key).await {
-                Ok(snap) => return Ok(snap),
+            match send().await {
+                Ok(v) => return Ok(v),
                 Err(f) => {
                     failures += 1;
                     retry_pause(f, failures, give_up, &*self.clock).await?;
                 }
             }
         }
+    }
+
+    /// The protocol's handle on the table.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The clock this locker judges and waits by.
+    pub(crate) fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// How long a request is retried at least ([`MIN_RETRY_BUDGET`]), from now.
+    pub(crate) fn retry_deadline(&self) -> Instant {
+        self.clock.now() + MIN_RETRY_BUDGET
     }
 }
 

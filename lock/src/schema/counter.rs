@@ -77,7 +77,7 @@ impl Counter {
         let protocol = crate::protocol::of(item);
         let permits = if protocol >= 2 {
             match get_num::<u32>(key, item, PERMITS_ATTR)? {
-                Some(p) if (2..=crate::options::MAX_PERMITS).contains(&p) => p,
+                Some(p) if (2..=crate::protocol::MAX_PERMITS).contains(&p) => p,
                 other => {
                     return Err(super::malformed(
                         key,
@@ -86,7 +86,7 @@ impl Counter {
                         format!(
                             "{other:?}: a protocol {protocol} counter carries the key's permits, \
                              2 up to {}",
-                            crate::options::MAX_PERMITS
+                            crate::protocol::MAX_PERMITS
                         ),
                     ))
                 }

@@ -79,3 +79,25 @@ pub fn seat(key: &str, ticket: u64, owner: &str, rvn: &str, lease_until_ms: i64)
     }
     item
 }
+
+/// `key` as a newer protocol ([`crate::PROTOCOL`] + 1) would write it, `now_ms` being the wall
+/// clock: a counter at that protocol whose holder sits under attribute names this build does not
+/// know (its `owner` attribute is absent, so a version-blind build would see an empty seat and
+/// take the key beside that holder), and a dead queue row written under that protocol (which a
+/// version-blind sweeper would remove).
+pub fn newer_key(key: &str, now_ms: i64) -> Vec<Item> {
+    let newer = crate::PROTOCOL + 1;
+    let counter = HashMap::from([
+        (PK.to_owned(), s(key)),
+        (SK.to_owned(), s(COUNTER_SK)),
+        (LAST.to_owned(), n(7)),
+        (LAST_OWNER.to_owned(), s("v2-holder:7")),
+        (super::PROTOCOL_ATTR.to_owned(), n(newer)),
+        ("holderOwner".to_owned(), s("v2-holder")),
+        ("holderTicket".to_owned(), n(7)),
+        ("holderLeaseUntilMs".to_owned(), n(now_ms + 600_000)),
+    ]);
+    let mut dead_row = row(key, 6, "v2-gone", "r6", now_ms - 3_600_000);
+    dead_row.insert(super::PROTOCOL_ATTR.to_owned(), n(newer));
+    vec![counter, dead_row]
+}

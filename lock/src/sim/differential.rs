@@ -373,6 +373,8 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
         let mut aim = StdRng::seed_from_u64(seed.wrapping_add(0x5eed_0000));
         // And one for the key of 3 permits (issue 26).
         let mut perm = StdRng::seed_from_u64(seed.wrapping_add(0x9e2b_0000));
+        // And one for an operator's `flightlock permits --set`.
+        let mut ops = StdRng::seed_from_u64(seed.wrapping_add(0x0be7_0000));
         let mut sent = Vec::new();
         for step in 0..150 {
             let req = request(&mut rng, &mut sent, run, &model);
@@ -411,6 +413,32 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
                         format!("newer {label}")
                     };
                     *kinds.entry(label).or_default() += 1;
+                }
+            }
+            if ops.random_bool(0.05) {
+                // A key of one permit is set to two and back, so the other requests meet the key
+                // they expect; the key of 3 permits is set to 3; the newer key refuses.
+                let key = ["k0", "k1", PERMITS_KEY, NEWER_KEY][ops.random_range(0..4)];
+                let changes: &[u32] = match key {
+                    PERMITS_KEY => &[3],
+                    NEWER_KEY => &[1],
+                    _ => &[2, 1],
+                };
+                for &permits in changes {
+                    let set = Request::SetPermits {
+                        key: key.into(),
+                        permits,
+                    };
+                    let real = normalize(&dynamo.call(set.clone()).await);
+                    let modeled = normalize(&model.apply(&set, Instant::now()));
+                    if real != modeled {
+                        return Err(format!(
+                            "seed {seed} step {step} (permits --set): {set:?}\n DynamoDB Local: \
+                             {real}\n model: {modeled}"
+                        ));
+                    }
+                    let label: String = modeled.chars().take(26).collect();
+                    *kinds.entry(format!("set {label}")).or_default() += 1;
                 }
             }
             let (a, b) = if let Request::Scan(r) = &req {
@@ -540,6 +568,12 @@ async fn the_model_answers_as_dynamodb_local_does() {
         "seat permits 3 Enqueue(Done)",
         "permits 2 fatal PermitsMismatch 3 2",
         "seat permits 1 fatal PermitsMismatch 3 1",
+        // An operator's `flightlock permits --set`: written on an empty seat, refused on a taken
+        // one and on a key without a counter or on a newer protocol.
+        "set PermitsSet(Set)",
+        "set PermitsSet(SeatTaken",
+        "set PermitsSet(NoCounter)",
+        "set fatal ProtocolTooNew",
     ] {
         assert!(
             kinds.keys().any(|k| k.starts_with(needed)),

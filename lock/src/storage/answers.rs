@@ -4,7 +4,9 @@
 //! ([`super::dynamo`]) and the simulation's model, so the two can only differ in what they
 //! store, never in how an answer is read.
 
-use super::{Enqueue, EnqueueRequest, Failure, Item, Owned, Renewal, Speaks, StaleDelete};
+use super::{
+    Enqueue, EnqueueRequest, Failure, Item, Owned, PermitsSet, Renewal, Speaks, StaleDelete,
+};
 use crate::schema;
 
 /// A refused write that touched `key`'s counter: [`crate::Error::ProtocolTooNew`] if the counter
@@ -12,13 +14,37 @@ use crate::schema;
 /// else the refusal means. Every reader of a refused counter write asks this first.
 ///
 /// `speaks` is what the write was conditioned on: a participant's permits, refused on a key of
-/// other permits, is [`crate::Error::PermitsMismatch`].
+/// other permits, is [`crate::Error::PermitsMismatch`]. No counter: nothing to check (see
+/// `lock/PROTOCOL.md`, "What remains assumed").
 pub(crate) fn protocol_refused(
     key: &str,
     counter: Option<&Item>,
-    speaks: crate::protocol::Speaks,
+    speaks: Speaks,
 ) -> Result<(), Failure> {
-    crate::protocol::agree(key, counter, speaks).map_err(Failure::Fatal)
+    let agreed = match (speaks, counter) {
+        // A counter this build cannot decode is not ours to judge either: `from_item` checks the
+        // protocol first.
+        (Speaks::Permits(configured), Some(item)) => schema::Counter::from_item(key, item)
+            .and_then(|c| crate::protocol::agree_permits(key, c.permits, configured)),
+        _ => crate::protocol::check(key, counter),
+    };
+    agreed.map_err(Failure::Fatal)
+}
+
+/// What a refused [`super::Request::SetPermits`] means, from the counter as it stood
+/// (`ALL_OLD`): no counter, a newer protocol or a counter this build cannot decode (its error),
+/// a taken seat, or a counter that changed since it was read.
+pub(crate) fn permits_refused(key: &str, counter: Option<&Item>) -> Result<PermitsSet, Failure> {
+    let Some(old) = counter else {
+        return Ok(PermitsSet::NoCounter);
+    };
+    schema::Counter::from_item(key, old).map_err(Failure::Fatal)?;
+    Ok(
+        match schema::QueueRow::entry(key, old).map_err(Failure::Fatal)? {
+            Some(seat) => PermitsSet::SeatTaken(seat.ticket),
+            None => PermitsSet::Changed,
+        },
+    )
 }
 
 /// What a refused heartbeat means, from the item the condition failed on.

@@ -14,17 +14,19 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use super::answers::{protocol_refused, renewal_refused};
+use super::answers::{permits_refused, protocol_refused, renewal_refused};
 use super::Speaks;
 use super::{
-    counter_key, entry_key, row_key, Beat, Failure, Owned, Range, Renewal, Request, Response,
-    Storage,
+    counter_key, entry_key, row_key, Beat, Failure, Item, Owned, PermitsSet, Range, Renewal,
+    Request, Response, Storage,
 };
+use crate::protocol::{self, PERMITS_NAME, PERMITS_VALUE};
 use crate::schema::{self, n, s, PK};
 
 mod enqueue;
@@ -151,9 +153,21 @@ impl Storage for Dynamo {
                     .create_counter(&key, last, &owner, protocol, permits)
                     .await
                     .map(Response::Created),
+                Request::SetPermits { key, permits } => this
+                    .set_permits(&key, permits)
+                    .await
+                    .map(Response::PermitsSet),
             }
         })
     }
+}
+
+/// How a conditional `UpdateItem` ended ([`Dynamo::update`]).
+pub(super) enum Updated {
+    /// The condition held: the update was applied.
+    Applied,
+    /// The condition refused it: the item as it stood (`ALL_OLD`; `None`: there was none).
+    Refused(Option<Item>),
 }
 
 impl Dynamo {
@@ -244,6 +258,61 @@ impl Dynamo {
         self.put_new(item).await
     }
 
+    /// Sets the permits of `key`'s counter, if it exists, its seat is empty and it runs a
+    /// protocol this build speaks (see [`Request::SetPermits`]).
+    async fn set_permits(&self, key: &str, permits: u32) -> Result<PermitsSet, Failure> {
+        let names = HashMap::from([
+            ("#pk".to_owned(), PK.to_owned()),
+            ("#owner".to_owned(), schema::OWNER.to_owned()),
+            (PERMITS_NAME.to_owned(), schema::PERMITS_ATTR.to_owned()),
+            (protocol::NAME.to_owned(), schema::PROTOCOL_ATTR.to_owned()),
+        ]);
+        let mut values = HashMap::from([
+            (protocol::VALUE.to_owned(), n(protocol::PROTOCOL)),
+            (":to".to_owned(), n(Speaks::Permits(permits).protocol())),
+        ]);
+        let update = if permits > 1 {
+            values.insert(PERMITS_VALUE.to_owned(), n(permits));
+            "SET #proto = :to, #permits = :permits"
+        } else {
+            "SET #proto = :to REMOVE #permits"
+        };
+        let update = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(key)))
+            .update_expression(update)
+            .condition_expression(format!(
+                "attribute_exists(#pk) AND attribute_not_exists(#owner) AND {}",
+                protocol::CONDITION
+            ))
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values));
+        match self.update(update).await? {
+            Updated::Applied => Ok(PermitsSet::Set),
+            Updated::Refused(old) => permits_refused(key, old.as_ref()),
+        }
+    }
+
+    /// Sends the conditional `UpdateItem` `update`, asking for the item as it stood if its
+    /// condition refuses it: a refusal is an answer of the protocol, anything else a [`Failure`].
+    pub(super) async fn update(&self, update: UpdateItemFluentBuilder) -> Result<Updated, Failure> {
+        let result = update
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Updated::Applied),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(Updated::Refused(c.item.clone()))
+                }
+                _ => Err(self.classify("UpdateItem", e)),
+            },
+        }
+    }
+
     /// `PutItem` of `item` only if no item has its key: whether it was put.
     pub(super) async fn put_new(&self, item: crate::storage::Item) -> Result<bool, Failure> {
         let result = self
@@ -298,7 +367,7 @@ impl Dynamo {
             names.insert("#acq".into(), schema::ACQUIRED_AT_MS.into());
             values.insert(":acq".into(), n(at));
         }
-        let result = self
+        let update = self
             .client
             .update_item()
             .table_name(&*self.table)
@@ -307,21 +376,15 @@ impl Dynamo {
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
-            .return_values(ReturnValue::None)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Renewal::Renewed),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    if beat.seat {
-                        protocol_refused(&beat.key, c.item(), beat.speaks)?;
-                    }
-                    Ok(renewal_refused(c.item(), &beat.owner))
+            .return_values(ReturnValue::None);
+        match self.update(update).await? {
+            Updated::Applied => Ok(Renewal::Renewed),
+            Updated::Refused(old) => {
+                if beat.seat {
+                    protocol_refused(&beat.key, old.as_ref(), beat.speaks)?;
                 }
-                _ => Err(self.classify("UpdateItem", e)),
-            },
+                Ok(renewal_refused(old.as_ref(), &beat.owner))
+            }
         }
     }
 

@@ -131,6 +131,16 @@ pub(crate) enum Request {
         /// The tick id.
         id: String,
     },
+    /// `UpdateItem` of a key's counter setting its permits (`SET protocol = 2, permits = N`, or
+    /// for one permit `SET protocol = 1 REMOVE permits`), conditioned on the counter existing,
+    /// on its seat being empty and on its protocol being one this build speaks (see
+    /// `crate::permits`). The answer is a [`PermitsSet`].
+    SetPermits {
+        /// Lock key.
+        key: String,
+        /// The key's permits from now on.
+        permits: u32,
+    },
     /// `PutItem` of a done tick id's record, if it does not exist; TTL `expiresAt`.
     RecordTick {
         /// Lock key.
@@ -158,7 +168,9 @@ impl Request {
                 "DeleteItem"
             }
             Request::Scan(_) => "Scan",
-            Request::Heartbeat(_) | Request::MarkDone { .. } => "UpdateItem",
+            Request::Heartbeat(_) | Request::MarkDone { .. } | Request::SetPermits { .. } => {
+                "UpdateItem"
+            }
             Request::CreateCounter { .. } | Request::RecordTick { .. } => "PutItem",
             Request::TickRecorded { .. } => "Query",
         }
@@ -330,6 +342,23 @@ pub(crate) enum Response {
     /// Outcome of [`Request::TickRecorded`] (the record exists) and [`Request::RecordTick`]
     /// (`true`: we wrote it; `false`: it existed).
     Recorded(bool),
+    /// Outcome of [`Request::SetPermits`].
+    PermitsSet(PermitsSet),
+}
+
+/// Result of [`Request::SetPermits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PermitsSet {
+    /// The counter carries the new permits.
+    Set,
+    /// There is no counter (any more): nothing was written.
+    NoCounter,
+    /// The counter's seat is taken by this ticket: nothing was written (changing the version
+    /// under a seated holder would cost it its lock at its next heartbeat).
+    SeatTaken(u64),
+    /// The counter was refused for another reason that a fresh read explains (it changed since
+    /// it was read): nothing was written.
+    Changed,
 }
 
 /// Result of the atomic enqueue transaction.

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::{
-    Beat, Enqueue, EnqueueRequest, Failure, Item, Owned, Range, Renewal, Request, Response,
-    ScanRequest, StaleDelete, Storage, SweepDead,
+    Beat, Enqueue, EnqueueRequest, Failure, Item, Owned, PermitsSet, Range, Renewal, Request,
+    Response, ScanRequest, StaleDelete, Storage, SweepDead,
 };
 use crate::error::Error;
 use crate::protocol::Speaks;
@@ -170,6 +170,18 @@ impl Store {
         match self.call(request).await? {
             Response::Created(c) => Ok(c),
             other => Err(Self::wrong("PutItem", other)),
+        }
+    }
+
+    /// Sets the permits of `key`'s counter (see [`Request::SetPermits`]).
+    pub(crate) async fn set_permits(&self, key: &str, permits: u32) -> Result<PermitsSet, Failure> {
+        let request = Request::SetPermits {
+            key: key.to_owned(),
+            permits,
+        };
+        match self.call(request).await? {
+            Response::PermitsSet(p) => Ok(p),
+            other => Err(Self::wrong("UpdateItem", other)),
         }
     }
 

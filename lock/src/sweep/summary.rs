@@ -85,7 +85,7 @@ pub struct SweepSummary {
     /// The first dead rows met (at most [`SweepOptions::report_rows`](super::SweepOptions::report_rows)).
     pub rows: Vec<SweptRow>,
     /// Entries left alone because their key runs a newer protocol than this build speaks
-    /// ([`crate::PROTOCOL`]): upgrade the sweeper (see [`crate::protocol::UPGRADE_GUIDE`]).
+    /// ([`crate::PROTOCOL`]): upgrade the sweeper (see [`crate::error::UPGRADE_GUIDE`]).
     pub newer_protocol: u64,
     /// The keys of those entries (the first few).
     pub newer_protocol_keys: Vec<String>,

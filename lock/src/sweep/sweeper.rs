@@ -90,7 +90,7 @@ impl Sweeper {
                 entries = summary.newer_protocol,
                 keys = ?summary.newer_protocol_keys,
                 speaks = crate::PROTOCOL,
-                guide = crate::protocol::UPGRADE_GUIDE,
+                guide = crate::error::UPGRADE_GUIDE,
                 "sweep left keys on a newer protocol alone: upgrade the sweeper"
             );
         }

@@ -1,6 +1,8 @@
 //! Errors a user must act on: they name the problem and the fix.
 
-use flightlock::{table, Error, Locker};
+use std::time::Duration;
+
+use flightlock::{table, Error, LockOptions, Locker, Wait};
 
 use crate::common::*;
 
@@ -23,7 +25,7 @@ async fn a_table_with_the_wrong_keys_is_refused() {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let name = flightlock_testkit::unique_table("wrongkeys");
-    create_table_keyed_by_id(&client, &name).await;
+    create_table_keyed_by(&client, &name, "id").await;
     let err = table::create_table(&client, &name).await.unwrap_err();
     assert!(matches!(err, Error::WrongKeySchema { .. }), "{err}");
     assert!(err.to_string().contains("`id` (S, HASH)"), "{err}");
@@ -104,7 +106,7 @@ async fn a_wrong_table_is_explained_on_first_use() {
     let endpoint = flightlock_testkit::require_endpoint();
     let client = flightlock_testkit::client(&endpoint).await;
     let name = flightlock_testkit::unique_table("wrongfirst");
-    create_table_keyed_by_id(&client, &name).await;
+    create_table_keyed_by(&client, &name, "id").await;
     let locker = flightlock::Locker::new(client, &name);
     let err = locker
         .acquire("k", &flightlock::LockOptions::default())
@@ -117,4 +119,25 @@ async fn a_wrong_table_is_explained_on_first_use() {
         locker.check_table().await,
         Err(Error::WrongKeySchema { .. })
     ));
+}
+
+/// The extension and the in-process layer acquire through [`Locker`]: a refused connection ends
+/// a wait of forever at once, as it ends `flightlock run`'s (`cli/tests/cli/failfast.rs`).
+#[tokio::test]
+async fn the_library_ends_a_forever_wait_on_a_refusing_endpoint() {
+    // A local port that refuses connections (bound, then closed).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let refusing = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let client = flightlock_testkit::client(&refusing).await;
+    let locker = Locker::new(client, "any");
+    let opts = LockOptions {
+        wait: Wait::Forever,
+        ..LockOptions::default()
+    };
+    let err = tokio::time::timeout(Duration::from_secs(120), locker.acquire("job", &opts))
+        .await
+        .expect("still waiting: a refused connection was retried")
+        .unwrap_err();
+    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
 }

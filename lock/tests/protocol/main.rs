@@ -3,21 +3,16 @@
 //! test command (`scripts/test`), which starts the server on 127.0.0.1 and sets `AWS_ENDPOINT_URL_DYNAMODB`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod cli;
 mod common;
-mod crash;
 mod defects;
 mod errors;
 mod exclusion;
-mod failfast;
 mod faults;
 mod fifo;
 mod lost;
-mod once;
 mod pacing;
 mod skew;
 mod ticks;
-mod usage;
 mod wait;
 // Issue 25: the protocol's version on the table, and the snapshot of its requests.
 mod snapshot;

@@ -1,20 +1,18 @@
 //! The protocol's version on the table (issue 25): a key whose counter says a newer protocol than
-//! this build speaks is refused by `run`, the library and `status`, left alone by the sweeper, and
-//! nothing at all is written to it (the Lambda gate: `lambda/tests/versions.rs`).
+//! this build speaks is refused by the library, left alone by the sweeper, and nothing at all is
+//! written to it (`run` and `status`: `cli/tests/cli/versions.rs`; the Lambda gate:
+//! `lambda/tests/versions.rs`).
 //!
 //! The newer key is written the way a protocol 2 that keeps its holder under other attribute
 //! names would write it: a build blind to the version would see an empty seat and take the key
 //! beside that holder.
 
-use std::collections::{BTreeMap, HashMap};
-use std::process::Output;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use flightlock::schema::seed;
 use flightlock::{Error, LockOptions, SweepOptions, Sweeper, Wait, PROTOCOL};
 
-use crate::cli::cli;
 use crate::common::*;
 
 const NEWER: u32 = PROTOCOL + 1;
@@ -27,112 +25,15 @@ fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-/// Writes `key` as a newer protocol would: a counter at protocol [`NEWER`] whose holder sits
-/// under attribute names this build does not know (its `owner` attribute is absent, so a
-/// version-blind build sees an empty seat), and a dead queue row written under [`NEWER`] (which
-/// a version-blind sweeper would remove).
-async fn put_newer_key(env: &Env, key: &str) {
-    let live_until = now_ms() + 600_000;
-    let counter = HashMap::from([
-        ("pk".to_owned(), s(key)),
-        ("sk".to_owned(), s("counter")),
-        ("last".to_owned(), n(7)),
-        ("lastOwner".to_owned(), s("v2-holder:7")),
-        ("protocol".to_owned(), n(NEWER)),
-        ("holderOwner".to_owned(), s("v2-holder")),
-        ("holderTicket".to_owned(), n(7)),
-        ("holderLeaseUntilMs".to_owned(), n(live_until)),
-    ]);
-    let mut dead_row = seed::row(key, 6, "v2-gone", "r6", now_ms() - 3_600_000);
-    dead_row.insert("protocol".to_owned(), n(NEWER));
-    env.put(vec![counter, dead_row]).await;
-}
-
-/// The key's items, comparable: attribute name to value, by sort key.
-async fn items(env: &Env, key: &str) -> BTreeMap<String, BTreeMap<String, String>> {
-    env.items(key)
-        .await
-        .into_iter()
-        .map(|item| {
-            let sk = item["sk"].as_s().unwrap().clone();
-            let attrs = item
-                .into_iter()
-                .map(|(k, v)| (k, format!("{v:?}")))
-                .collect();
-            (sk, attrs)
-        })
-        .collect()
-}
-
 fn is_too_new(e: &Error) -> bool {
     matches!(e, Error::ProtocolTooNew { table, speaks, .. } if *table == NEWER && *speaks == PROTOCOL)
-}
-
-async fn output(c: std::process::Command) -> Output {
-    output_within(c, Duration::from_secs(60), "a flightlock command").await
-}
-
-#[tokio::test]
-async fn run_refuses_a_key_on_a_newer_protocol_with_its_own_exit_status() {
-    let env = Env::new("protorun").await;
-    put_newer_key(&env, "job").await;
-    let before = items(&env, "job").await;
-    let marker = std::env::temp_dir().join(format!("flightlock-protorun-{}", env.table));
-    for wait in ["0", "3s"] {
-        let mut c = cli(&env);
-        c.args(["run", "--key", "job", "--wait", wait, "--", "touch"])
-            .arg(&marker);
-        let out = output(c).await;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(76), "wait {wait}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
-        for said in [
-            format!("protocol {NEWER}"),
-            format!("protocol {PROTOCOL}"),
-            "upgrades.md".to_owned(),
-        ] {
-            assert!(stderr.contains(&said), "{said:?} not in {stderr}");
-        }
-        assert!(!marker.exists(), "the command ran on a key it cannot read");
-    }
-    assert_eq!(items(&env, "job").await, before, "run wrote to the key");
-}
-
-#[tokio::test]
-async fn status_reports_the_protocol() {
-    let env = Env::new("protostatus").await;
-    let locker = env.locker().await;
-    locker
-        .acquire("old", &fast())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    put_newer_key(&env, "new").await;
-    let mut c = cli(&env);
-    c.args(["status", "--key", "old", "--json"]);
-    let out = output(c).await;
-    assert_eq!(out.status.code(), Some(0));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    // A key of one permit runs protocol 1 (issue 26), whatever this build speaks.
-    assert_eq!(json["protocol"], 1);
-    assert_eq!(json["speaks"], PROTOCOL);
-
-    let mut c = cli(&env);
-    c.args(["status", "--key", "new", "--json"]);
-    let out = output(c).await;
-    assert_eq!(out.status.code(), Some(76));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(json["protocol"], NEWER);
-    assert_eq!(json["queue"], serde_json::Value::Null);
 }
 
 #[tokio::test]
 async fn the_library_is_refused_in_every_wait_mode_and_writes_nothing() {
     let env = Env::new("protolib").await;
-    put_newer_key(&env, "k").await;
-    let before = items(&env, "k").await;
+    env.put(seed::newer_key("k", now_ms())).await;
+    let before = env.items_by_sk("k").await;
     let locker = env.locker().await;
     for wait in [Wait::NoWait, Wait::For(Duration::from_secs(3))] {
         let opts = LockOptions { wait, ..fast() };
@@ -140,7 +41,7 @@ async fn the_library_is_refused_in_every_wait_mode_and_writes_nothing() {
         assert!(is_too_new(&err), "{err}");
     }
     assert_eq!(
-        items(&env, "k").await,
+        env.items_by_sk("k").await,
         before,
         "the library wrote to the key"
     );
@@ -165,10 +66,14 @@ async fn a_hint_is_refused_by_the_seats_own_condition() {
         .send()
         .await
         .unwrap();
-    let before = items(&env, "k").await;
+    let before = env.items_by_sk("k").await;
     let err = locker.acquire("k", &fast()).await.unwrap_err();
     assert!(is_too_new(&err), "{err}");
-    assert_eq!(items(&env, "k").await, before, "the hint wrote to the key");
+    assert_eq!(
+        env.items_by_sk("k").await,
+        before,
+        "the hint wrote to the key"
+    );
 }
 
 /// A holder and a waiter of this build on a key that is switched under them: the waiter fails
@@ -216,14 +121,14 @@ async fn a_switch_under_a_holder_and_a_waiter_fails_both_closed() {
     assert_eq!(reason, flightlock::LostReason::ProtocolTooNew);
     // Only the holder's seat is left (this build cannot release it: it is passed over by the
     // newer protocol's participants once its lease ends); the waiter removed its own row.
-    let left = items(&env, "k").await;
+    let left = env.items_by_sk("k").await;
     assert_eq!(left.keys().collect::<Vec<_>>(), ["counter"], "{left:#?}");
 }
 
 #[tokio::test]
 async fn the_sweeper_leaves_a_key_on_a_newer_protocol_alone_and_reports_it() {
     let env = Env::new("protosweep").await;
-    put_newer_key(&env, "new").await;
+    env.put(seed::newer_key("new", now_ms())).await;
     // The newer key's seat is dead too: nothing of it may be removed.
     env.client
         .update_item()
@@ -258,7 +163,7 @@ async fn the_sweeper_leaves_a_key_on_a_newer_protocol_alone_and_reports_it() {
             .await
             .unwrap();
     }
-    let before = items(&env, "new").await;
+    let before = env.items_by_sk("new").await;
     let sweeper = Sweeper::new(flightlock_testkit::client(&env.endpoint).await, &env.table);
     let summary = sweeper.sweep(&SweepOptions::default()).await.unwrap();
     assert_eq!(summary.deleted, 1, "{summary:#?}");
@@ -266,12 +171,12 @@ async fn the_sweeper_leaves_a_key_on_a_newer_protocol_alone_and_reports_it() {
     assert_eq!(summary.newer_protocol_keys, ["new"], "{summary:#?}");
     assert_eq!(summary.errors, 0, "{summary:#?}");
     assert_eq!(
-        items(&env, "new").await,
+        env.items_by_sk("new").await,
         before,
         "the sweeper wrote to the key"
     );
     assert_eq!(
-        items(&env, "old").await.len(),
+        env.items_by_sk("old").await.len(),
         1,
         "the old key's dead row stays"
     );
@@ -294,7 +199,7 @@ async fn a_row_of_a_newer_protocol_is_not_judged() {
             .await
             .unwrap();
     }
-    let before = items(&env, "k").await;
+    let before = env.items_by_sk("k").await;
     let opts = LockOptions {
         wait: Wait::NoWait,
         ..fast()
@@ -302,7 +207,7 @@ async fn a_row_of_a_newer_protocol_is_not_judged() {
     let err = env.locker().await.acquire("k", &opts).await.unwrap_err();
     assert!(is_too_new(&err), "{err}");
     assert_eq!(
-        items(&env, "k").await,
+        env.items_by_sk("k").await,
         before,
         "the stale-looking row was touched"
     );

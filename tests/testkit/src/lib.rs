@@ -8,6 +8,8 @@
 //! - [`unique_table`]: per-test table names that never collide.
 //! - [`fresh_table`]: a new lock table (flightlock's own schema) on the local server, with its
 //!   endpoint and a client: the one way tests get a table.
+//! - [`env`]: a test's own lock table ([`env::Env`]) and the bounded waits that make a test fail
+//!   instead of hanging: the shared setup of the lock's protocol tests and the CLI's tests.
 //! - [`platform`]: a Lambda platform double (Runtime, Extensions and Telemetry APIs of one
 //!   execution environment) that follows AWS's documented rules and refuses what Lambda refuses;
 //!   the one Runtime API double of the extension's tests, its benchmark and the e2e tests.
@@ -15,13 +17,14 @@
 //!   per operation and injects faults ([`Rule`], [`Fault`]) exactly where the
 //!   network can break: before the write, after the write, duplicated, or
 //!   answered with throttling and server errors.
-//! - [`cli_bin`]: the `flightlock` CLI binary (crate `flightlock-cli`), built for the tests of
-//!   the other crates that run it.
+//! - [`cli_bin`]: the `flightlock` CLI binary (crate `flightlock-cli`), for the end-to-end tests
+//!   that run it (the CLI's own tests use the binary cargo builds for them).
 
 // Tests may unwrap; library code must not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod cli;
+pub mod env;
 pub mod events;
 mod local;
 pub mod platform;

@@ -1,10 +1,7 @@
 //! Proxy + SDK against a real DynamoDB Local: the one `AWS_ENDPOINT_URL_DYNAMODB` names, or
 //! one this test binary starts ([`crate::require_endpoint`]).
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
-    ScalarAttributeType, TransactWriteItem,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 
 use crate::{client, require_endpoint, unique_table, Fault, FaultProxy, Rule};
 
@@ -31,27 +28,7 @@ async fn dynamodb_local_transact_write_retried_after_dropped_response() {
     let endpoint = require_endpoint();
     let direct = client(&endpoint).await;
     let table = unique_table("testkit");
-    direct
-        .create_table()
-        .table_name(&table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    crate::env::create_table_keyed_by(&direct, &table, "pk").await;
 
     let proxy = FaultProxy::start(&endpoint).await.unwrap();
     let via_proxy = client(&proxy.endpoint()).await;

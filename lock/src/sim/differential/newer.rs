@@ -50,6 +50,7 @@ pub(super) fn retarget(req: &Request, model: &Table) -> Option<Request> {
         | Request::MarkDone { key: k, .. }
         | Request::TickRecorded { key: k, .. }
         | Request::RecordTick { key: k, .. }
+        | Request::SetPermits { key: k, .. }
         | Request::CreateCounter { key: k, .. } => *k = key,
     }
     Some(r)
@@ -137,7 +138,9 @@ pub(super) fn with_permits(req: &Request, model: &Table, n: u32) -> Option<Reque
             *k = key;
             *speaks = Speaks::maintain(n);
         }
-        Request::TickRecorded { key: k, .. } | Request::RecordTick { key: k, .. } => *k = key,
+        Request::TickRecorded { key: k, .. }
+        | Request::RecordTick { key: k, .. }
+        | Request::SetPermits { key: k, .. } => *k = key,
         Request::CreateCounter {
             key: k,
             protocol,

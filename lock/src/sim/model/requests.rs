@@ -8,10 +8,12 @@ use super::{conditional_failed, entry_sk, num, string, Mutation, Remover, Table,
 use crate::error::Error;
 use crate::schema::{self, Snapshot, COUNTER_SK};
 use crate::storage::answers::{
-    enqueue_outcome, protocol_refused, renewal_refused, row_judged, seat_judged, seat_refused,
+    enqueue_outcome, permits_refused, protocol_refused, renewal_refused, row_judged, seat_judged,
+    seat_refused,
 };
 use crate::storage::{
-    EnqueueRequest, Failure, Item, Owned, Renewal, Request, Response, Speaks, StaleDelete,
+    EnqueueRequest, Failure, Item, Owned, PermitsSet, Renewal, Request, Response, Speaks,
+    StaleDelete,
 };
 
 impl Table {
@@ -130,6 +132,24 @@ impl Table {
                     self.put(counter, now);
                 }
                 Ok(Response::Created(true))
+            }
+            Request::SetPermits { key, permits } => {
+                // `attribute_exists(pk) AND attribute_not_exists(owner)`, the protocol checked
+                // above; a refusal is read as `storage/answers.rs` reads it.
+                let counter = self.get(key, COUNTER_SK);
+                let Some(mut counter) = counter.filter(|c| !c.contains_key(schema::OWNER)).cloned()
+                else {
+                    return permits_refused(key, counter).map(Response::PermitsSet);
+                };
+                let protocol = Speaks::Permits(*permits).protocol();
+                counter.insert(schema::PROTOCOL_ATTR.into(), schema::n(protocol));
+                if *permits > 1 {
+                    counter.insert(schema::PERMITS_ATTR.into(), schema::n(*permits));
+                } else {
+                    counter.remove(schema::PERMITS_ATTR);
+                }
+                self.put(counter, now);
+                Ok(Response::PermitsSet(PermitsSet::Set))
             }
             Request::DeleteOwned {
                 key,
@@ -380,6 +400,7 @@ fn counter_write(request: &Request) -> Option<(&str, Speaks)> {
             ..
         } => Some((key, *speaks)),
         Request::MarkDone { key, .. } => Some((key, Speaks::Permits(1))),
+        Request::SetPermits { key, .. } => Some((key, Speaks::Any)),
         _ => None,
     }
 }

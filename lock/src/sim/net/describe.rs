@@ -80,6 +80,7 @@ pub(crate) fn describe(r: &Request) -> String {
         Request::MarkDone { key, tick } => format!("MarkDone({key} tick {tick})"),
         Request::TickRecorded { key, id } => format!("TickRecorded({key} {id})"),
         Request::RecordTick { key, id, .. } => format!("RecordTick({key} {id})"),
+        Request::SetPermits { key, permits } => format!("SetPermits({key} to {permits})"),
     }
 }
 
@@ -102,6 +103,7 @@ pub(super) fn kind(request: &Request, response: &Response) -> String {
         Request::MarkDone { .. } => (false, "MarkDone"),
         Request::TickRecorded { .. } => (false, "TickRecorded"),
         Request::RecordTick { .. } => (false, "RecordTick"),
+        Request::SetPermits { .. } => (false, "SetPermits"),
     };
     let answer = match response {
         Response::Page { .. } | Response::Scanned { .. } => "page".to_owned(),
@@ -113,6 +115,7 @@ pub(super) fn kind(request: &Request, response: &Response) -> String {
         Response::Created(c) => format!("{c}"),
         Response::Marked(m) => format!("marked {m}"),
         Response::Recorded(r) => format!("recorded {r}"),
+        Response::PermitsSet(p) => format!("{p:?}"),
     };
     format!("{}{what} {answer}", if seat { "seat " } else { "" })
 }
@@ -140,6 +143,7 @@ pub(super) fn describe_response(r: &Response) -> String {
         Response::Created(c) => format!("created: {c}"),
         Response::Marked(m) => format!("marked: {m}"),
         Response::Recorded(r) => format!("recorded: {r}"),
+        Response::PermitsSet(p) => format!("permits: {p:?}"),
     }
 }
 

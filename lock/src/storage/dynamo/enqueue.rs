@@ -5,12 +5,11 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
-use super::{fatal_build, Dynamo};
+use super::{fatal_build, Dynamo, Updated};
 use crate::schema::{self, n, s, PK};
 use crate::storage::answers::{enqueue_outcome, seat_refused};
 use crate::storage::{counter_key, Enqueue, EnqueueRequest, Failure, Speaks};
@@ -106,7 +105,7 @@ impl Dynamo {
             counter_condition(r, version),
             schema::seat_placeholder(schema::OWNER)
         );
-        let result = self
+        let update = self
             .client
             .update_item()
             .table_name(&*self.table)
@@ -114,18 +113,10 @@ impl Dynamo {
             .update_expression(update)
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Enqueue::Done),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    seat_refused(r, c.item())
-                }
-                _ => Err(self.classify("UpdateItem", e)),
-            },
+            .set_expression_attribute_values(Some(values));
+        match self.update(update).await? {
+            Updated::Applied => Ok(Enqueue::Done),
+            Updated::Refused(old) => seat_refused(r, old.as_ref()),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 
-use super::Dynamo;
+use super::{Dynamo, Updated};
 use crate::schema::{self, n, s, PK, SK};
 use crate::storage::answers::{protocol_refused, seat_release_refused};
 use crate::storage::Speaks;
@@ -93,7 +93,7 @@ impl Dynamo {
     /// Marks an ordered tick done on the counter (a queue row's release, before its delete):
     /// `SET tickDone`, if the counter exists and the watermark is not newer.
     pub(super) async fn mark_done(&self, key: &str, tick: i64) -> Result<bool, Failure> {
-        let result = self
+        let update = self
             .client
             .update_item()
             .table_name(&*self.table)
@@ -108,19 +108,13 @@ impl Dynamo {
             .expression_attribute_names("#last", schema::LAST)
             .expression_attribute_names(crate::protocol::NAME, schema::PROTOCOL_ATTR)
             .expression_attribute_values(":tick", n(tick))
-            .expression_attribute_values(crate::protocol::VALUE, n(Speaks::Permits(1).protocol()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                    protocol_refused(key, c.item(), Speaks::Permits(1))?;
-                    Ok(false)
-                }
-                _ => Err(self.classify("UpdateItem", e)),
-            },
+            .expression_attribute_values(crate::protocol::VALUE, n(Speaks::Permits(1).protocol()));
+        match self.update(update).await? {
+            Updated::Applied => Ok(true),
+            Updated::Refused(old) => {
+                protocol_refused(key, old.as_ref(), Speaks::Permits(1))?;
+                Ok(false)
+            }
         }
     }
 

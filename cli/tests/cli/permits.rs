@@ -1,68 +1,24 @@
 //! The CLI around permits: `flightlock permits --set N` (what it prints, its JSON, its exit
 //! statuses), `run --permits` / `FLIGHTLOCK_PERMITS` (exit 78 on a mismatch) and `status`
-//! (holders and waiters against the key's permits). Each test has its own table. Run through
-//! `scripts/dynamodb-local run -- cargo test -p flightlock-cli --test permits`.
-#![allow(clippy::unwrap_used, missing_docs)]
+//! (holders and waiters against the key's permits). Each test has its own table.
+//! (The library under it, `flightlock::permits`: `lock/tests/permits/main.rs`.)
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::Client;
-use flightlock::permits::{set_permits, Change, PermitsError};
-use flightlock::{LockOptions, Locker, Wait};
+use flightlock::permits::set_permits;
 
-const POLL: Duration = Duration::from_millis(50);
+use crate::common::{output_within, skip as opts, Env};
 
-struct Env {
-    endpoint: String,
-    client: Client,
-    table: String,
-    locker: Locker,
-}
-
-async fn env(name: &str) -> Env {
-    let t = flightlock_testkit::fresh_table(name).await;
-    Env {
-        endpoint: t.endpoint,
-        locker: Locker::new(t.client.clone(), &t.table),
-        client: t.client,
-        table: t.table,
-    }
-}
-
-fn opts(permits: u32) -> LockOptions {
-    LockOptions {
-        wait: Wait::NoWait,
-        permits,
-        ..LockOptions::default()
-    }
-}
-
-impl Env {
-    async fn set(&self, key: &str, n: u32, wait: Duration) -> Result<Change, PermitsError> {
-        let done = set_permits(&self.client, &self.table, key, n, wait, POLL).await?;
-        assert_eq!((done.key.as_str(), done.permits), (key, n));
-        Ok(done.change)
-    }
-}
-
+/// `flightlock ARGS...` against `e`'s table.
 fn cli(e: &Env, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_flightlock"));
-    c.env("AWS_ENDPOINT_URL_DYNAMODB", &e.endpoint)
-        .env("AWS_ACCESS_KEY_ID", "local")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
-        .env("AWS_REGION", "us-east-1")
-        .env("FLIGHTLOCK_TABLE", &e.table)
-        .env_remove("FLIGHTLOCK_PERMITS")
-        .args(args)
-        .stdin(Stdio::null());
+    let mut c = crate::common::cli(e);
+    c.args(args);
     c
 }
 
-async fn output(mut c: Command) -> Output {
-    tokio::task::spawn_blocking(move || c.output().unwrap())
-        .await
-        .unwrap()
+async fn output(c: Command) -> Output {
+    output_within(c, Duration::from_secs(60), "a flightlock command").await
 }
 
 fn text(b: &[u8]) -> String {
@@ -71,7 +27,7 @@ fn text(b: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_set_prints_the_change_and_what_participants_need() {
-    let e = env("cli_permits_set").await;
+    let e = Env::new("cli_permits_set").await;
     let out = output(cli(&e, &["permits", "--key", "api", "--set", "3"])).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -111,8 +67,11 @@ async fn permits_set_prints_the_change_and_what_participants_need() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
-    let e = env("cli_permits_run").await;
-    e.set("api", 2, Duration::ZERO).await.unwrap();
+    let (e, locker) = Env::with_locker("cli_permits_run").await;
+    let poll = Duration::from_millis(50);
+    set_permits(&locker, "api", 2, Duration::ZERO, poll)
+        .await
+        .unwrap();
     let out = output(cli(&e, &["run", "--key", "api", "--", "true"])).await;
     assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
@@ -162,7 +121,7 @@ async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
     let out = output(c).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 
-    let held = e.locker.acquire("api", &opts(2)).await.unwrap();
+    let held = locker.acquire("api", &opts(2)).await.unwrap();
     let out = output(cli(&e, &["status", "--key", "api", "--json"])).await;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -177,7 +136,7 @@ async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
         text(&out.stdout)
     );
     // Both permits held: busy (75), naming both holders.
-    let other = e.locker.acquire("api", &opts(2)).await.unwrap();
+    let other = locker.acquire("api", &opts(2)).await.unwrap();
     let out = output(cli(
         &e,
         &[
@@ -216,8 +175,8 @@ async fn run_with_other_permits_exits_78_and_status_counts_against_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_exits_75_while_the_seat_stays_taken() {
-    let e = env("cli_permits_seat").await;
-    let guard = e.locker.acquire("job", &opts(1)).await.unwrap();
+    let (e, locker) = Env::with_locker("cli_permits_seat").await;
+    let guard = locker.acquire("job", &opts(1)).await.unwrap();
     let out = output(cli(
         &e,
         &["permits", "--key", "job", "--set", "2", "--wait", "300ms"],

@@ -12,7 +12,7 @@ use crate::common::*;
 /// Starts `flightlock run` holding or waiting on `key` in its own process group.
 fn spawn_cli(env: &Env, key: &str) -> std::process::Child {
     use std::os::unix::process::CommandExt;
-    std::process::Command::new(flightlock_testkit::cli_bin())
+    std::process::Command::new(env!("CARGO_BIN_EXE_flightlock"))
         .args([
             "run",
             "--table",

@@ -4,8 +4,7 @@
 
 use std::process::{Command, Output};
 
-use crate::cli::cli;
-use crate::common::{output_within, Env};
+use crate::common::{cli, output_within, Env};
 
 async fn output(c: Command) -> Output {
     output_within(

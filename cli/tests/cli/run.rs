@@ -7,17 +7,6 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::common::*;
 
-pub fn cli(env: &Env) -> Command {
-    let mut c = Command::new(flightlock_testkit::cli_bin());
-    c.env("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint)
-        .env("AWS_ACCESS_KEY_ID", "local")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
-        .env("AWS_REGION", "us-east-1")
-        .env("FLIGHTLOCK_TABLE", &env.table)
-        .stdin(Stdio::null());
-    c
-}
-
 async fn output(c: Command) -> Output {
     output_within(c, Duration::from_secs(60), "a flightlock command").await
 }
@@ -200,7 +189,7 @@ async fn a_command_that_cannot_start_exits_127_or_126_and_releases() {
 /// HEAD when git can tell (cli/build.rs watches HEAD, so a new commit rebuilds).
 #[test]
 fn version_names_the_version_and_the_commit() {
-    let out = Command::new(flightlock_testkit::cli_bin())
+    let out = Command::new(env!("CARGO_BIN_EXE_flightlock"))
         .arg("--version")
         .output()
         .unwrap();
@@ -221,5 +210,24 @@ fn version_names_the_version_and_the_commit() {
     assert_eq!(
         line,
         format!("flightlock {} (commit {commit})", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// A malformed row makes the key unusable: `status` names the row and how to remove it, and
+/// exits non-zero (the library's error: `lock/tests/protocol/defects.rs`).
+#[tokio::test]
+async fn status_names_a_malformed_row_with_the_way_out() {
+    let env = Env::new("climalformed").await;
+    let mut row = flightlock::schema::seed::row("k", 3, "o", "r", now_ms());
+    row.insert("leaseUntilMs".into(), AttributeValue::S("soon".into()));
+    env.put(vec![row]).await;
+    let mut c = cli(&env);
+    c.args(["status", "--key", "k"]);
+    let out = output(c).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("q#00000000000000000003") && stderr.contains("delete-item"),
+        "{stderr}"
     );
 }

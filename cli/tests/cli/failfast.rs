@@ -8,9 +8,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use flightlock::{Error, LockOptions, Locker, Wait};
+use flightlock::LockOptions;
 
-use crate::cli::cli;
 use crate::common::*;
 
 /// The harness's limit: far below the 10-minute waits the tests ask for.
@@ -168,7 +167,7 @@ async fn status_and_sweep_report_a_refusing_endpoint_not_a_spent_budget() {
 async fn a_table_of_another_shape_is_named_by_run_status_and_sweep() {
     let env = Env::new("ffshape").await;
     let name = flightlock_testkit::unique_table("ffshapeid");
-    create_table_keyed_by_id(&env.client, &name).await;
+    create_table_keyed_by(&env.client, &name, "id").await;
     for args in [
         &["run", "--key", "job", "--wait", "10m", "--", "true"][..],
         &["status", "--key", "job"],
@@ -186,23 +185,6 @@ async fn a_table_of_another_shape_is_named_by_run_status_and_sweep() {
             ],
         );
     }
-}
-
-/// The extension and the in-process layer acquire through [`Locker`]: the same classification
-/// ends a wait of forever at once.
-#[tokio::test]
-async fn the_library_ends_a_forever_wait_on_a_refusing_endpoint() {
-    let client = flightlock_testkit::client(&refusing_endpoint()).await;
-    let locker = Locker::new(client, "any");
-    let opts = LockOptions {
-        wait: Wait::Forever,
-        ..LockOptions::default()
-    };
-    let err = tokio::time::timeout(LIMIT, locker.acquire("job", &opts))
-        .await
-        .expect("still waiting: a refused connection was retried")
-        .unwrap_err();
-    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
 }
 
 /// A server that accepts connections and never answers is a fault worth waiting out: `run` keeps

@@ -7,7 +7,6 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
 
-use crate::cli::cli;
 use crate::common::*;
 
 async fn output(c: std::process::Command) -> Output {
