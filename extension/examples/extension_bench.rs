@@ -299,36 +299,9 @@ async fn main() {
     let platform = Platform::start(Options::new(Mode::Standard)).await;
     let direct = Platform::start(Options::new(Mode::Standard)).await;
     let api_addr = direct.addr();
-    let proxy_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let proxy_addr: SocketAddr = format!("127.0.0.1:{proxy_port}").parse().unwrap();
-
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(&bin)
-        .env_clear()
-        .envs(platform.lambda_env())
-        .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
-        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
-        .env("AWS_ACCESS_KEY_ID", "local")
-        .env("AWS_SECRET_ACCESS_KEY", "local")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("FLIGHTLOCK_TABLE", &table)
-        .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
-        .env("FLIGHTLOCK_LOG_LEVEL", "warn")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (mut child, proxy_addr) = start_extension(&bin, &platform, &endpoint, &table, &[]).await;
     let pid = child.id().unwrap();
-    assert!(
-        platform.wait_registered(1, Duration::from_secs(10)).await,
-        "the extension did not register: {:?}",
-        platform.refusals()
-    );
     let init = started.elapsed();
     let rss_idle = rss_kb(pid, "VmRSS:").unwrap_or(0);
 
