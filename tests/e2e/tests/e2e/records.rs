@@ -258,7 +258,7 @@ async fn locks_never_released_by_the_handler_are_freed_when_its_invocation_ends(
             );
         }
         assert!(
-            keeper.log().contains("released what it held"),
+            keeper.log().contains("released its record locks"),
             "{}",
             keeper.log()
         );
@@ -332,7 +332,7 @@ async fn a_runtime_killed_mid_record_frees_its_locks_at_once() {
         let by: Vec<&str> = [
             "the runtime exited in the middle",
             "released held locks at shutdown",
-            "released what it held",
+            "released its record locks",
         ]
         .into_iter()
         .filter(|m| log.contains(m))
