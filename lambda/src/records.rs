@@ -366,8 +366,8 @@ mod tests {
         let config = aws_sdk_dynamodb::Config::builder()
             .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
             .build();
-        let locker = Locker::new(aws_sdk_dynamodb::Client::from_conf(config), "t");
-        let env = [("FLIGHTLOCK_TABLE", "t")]
+        let locker = Locker::new(aws_sdk_dynamodb::Client::from_conf(config), "locks");
+        let env = [("FLIGHTLOCK_TABLE", "locks"), ("FLIGHTLOCK_KEY", "job")]
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
