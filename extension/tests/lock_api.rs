@@ -148,6 +148,14 @@ async fn calls_without_the_session_token_or_for_no_invocation_here_are_refused()
         assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
         assert!(r["message"].as_str().unwrap().contains(word), "{r}");
     }
+    // Oversized: refused before it is parsed.
+    let big = json!({"key": "k", "pad": "x".repeat(5000)});
+    let (status, r) = lock_api(port, TOKEN, &a, "acquire", Some(big)).await;
+    assert_eq!(
+        (status, r["error"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("tooLarge")),
+        "{r}"
+    );
     let (_, list) = lock_api(port, TOKEN, &a, "locks", None).await;
     assert_eq!(list["locks"], json!([]));
     // A key configured with other permits than its first holders': refused, never busy.
