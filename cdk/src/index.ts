@@ -7,7 +7,8 @@
 //   - the function variables: docs/src/reference/configuration.md, itself checked against the code;
 //   - the IAM actions: docs/src/reference/iam.md, itself checked against template.yaml and the code;
 //   - the layer names and SSM parameter names: release/publish.py (layer_name, ssm_name);
-//   - the table: template.yaml's LockTable.
+//   - the table: template.yaml's LockTable;
+//   - the switch words: lock/src/options.rs.
 //
 // SPDX-License-Identifier: Apache-2.0
 
@@ -71,6 +72,7 @@ export const FUNCTION_VARIABLES: readonly string[] = [
   'FLIGHTLOCK_STALE_AFTER',
   'FLIGHTLOCK_COALESCE',
   'FLIGHTLOCK_PERMITS',
+  'FLIGHTLOCK_GATE',
 ];
 
 /** Every variable the cleanup function reads (it too fails init on any other `FLIGHTLOCK_*`). */
@@ -82,6 +84,9 @@ export const CLEANUP_VARIABLES: readonly string[] = [
   'FLIGHTLOCK_SWEEP_MARGIN',
   'FLIGHTLOCK_METRICS',
 ];
+
+/** The words a switch variable (FLIGHTLOCK_GATE) reads as off, in any case (lock/src/options.rs). */
+export const SWITCH_OFF_WORDS: readonly string[] = ['off', 'false', '0', 'no'];
 
 /** The lock table's schema (docs/src/reference/configuration.md; template.yaml's LockTable). */
 export const TABLE_SCHEMA = { partitionKey: 'pk', sortKey: 'sk', ttlAttribute: 'expiresAt' } as const;
@@ -297,6 +302,14 @@ export interface AttachOptions {
   /** FLIGHTLOCK_PERMITS, 1 to 100. @default 1 */
   readonly permits?: number;
   /**
+   * FLIGHTLOCK_GATE. `false` for a batch consumer: no invocation is gated, and the handler locks
+   * each record's key itself through the layer's lock API (docs/src/guide/lock-api.md); `key` and
+   * `onBusy` are then unused, and `wait`, `permits` and `lease` are the lock API's defaults. With
+   * `keyPrefix`, the handler's keys must start with the prefix (IAM denies the others).
+   * @default true
+   */
+  readonly gate?: boolean;
+  /**
    * Any other variable of docs/src/reference/configuration.md, by name
    * (`{ FLIGHTLOCK_TICK: 'off' }`). Names the extension does not read are refused.
    */
@@ -419,7 +432,9 @@ export class Flightlock extends Construct {
       }
     }
     const key = variables.FLIGHTLOCK_KEY ?? existing.FLIGHTLOCK_KEY;
-    if (this.props.keyPrefix !== undefined) {
+    // Gate off, no invocation takes FLIGHTLOCK_KEY: the handler's own keys meet the prefix in IAM.
+    const gated = !SWITCH_OFF_WORDS.includes((variables.FLIGHTLOCK_GATE ?? existing.FLIGHTLOCK_GATE ?? 'on').trim().toLowerCase());
+    if (this.props.keyPrefix !== undefined && gated) {
       if (key === undefined) {
         throw new Error(`${at}: keyPrefix '${this.props.keyPrefix}' allows only keys under it, and the default key (the function name) is not: set key`);
       }
@@ -496,6 +511,7 @@ function settingsOf(at: string, options: AttachOptions): Record<string, string> 
     FLIGHTLOCK_ON_BUSY: options.onBusy,
     FLIGHTLOCK_LEASE: options.lease === undefined ? undefined : duration(options.lease),
     FLIGHTLOCK_PERMITS: options.permits === undefined ? undefined : String(wholeNumber('permits', options.permits, 1, 100)),
+    FLIGHTLOCK_GATE: options.gate === undefined ? undefined : options.gate ? 'on' : 'off',
   };
   for (const [name, value] of Object.entries(typed)) {
     if (value === undefined) continue;

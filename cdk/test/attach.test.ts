@@ -167,6 +167,7 @@ test('attach: names the extension does not read, and settings given twice, are r
   assert.throws(() => locks.attach(fn, { lease: Duration.millis(50) }), /at least 100 ms/);
   assert.throws(() => locks.attach(fn, { onBusy: 'drop' as any }), /'skip' or 'error'/);
   assert.throws(() => locks.attach(fn, { key: '' }), /key is empty/);
+  assert.throws(() => locks.attach(fn, { gate: false, settings: { FLIGHTLOCK_GATE: 'off' } }), /given twice/);
   const typo = pythonFunction(stack, 'Typo');
   typo.addEnvironment('FLIGHTLOCK_WIAT', '10s');
   assert.throws(() => locks.attach(typo), /its environment has FLIGHTLOCK_WIAT/);
@@ -193,7 +194,14 @@ test('attach: keyPrefix puts the LeadingKeys condition on the policy and require
   const presetOutside = pythonFunction(stack, 'PresetOutside');
   presetOutside.addEnvironment('FLIGHTLOCK_KEY', 'reports/x');
   assert.throws(() => locks.attach(presetOutside), /does not start with keyPrefix/);
+  // Gate off, no invocation takes FLIGHTLOCK_KEY: no key is required (the handler's meet IAM).
+  locks.attach(pythonFunction(stack, 'Batch'), { gate: false });
+  const presetOff = pythonFunction(stack, 'PresetOff');
+  presetOff.addEnvironment('FLIGHTLOCK_GATE', ' OFF ');
+  locks.attach(presetOff);
+  assert.throws(() => locks.attach(pythonFunction(stack, 'GateOn'), { gate: true }), /default key \(the function name\) is not/);
   const t = synth(stack, 'attach-prefix');
+  assert.equal(functionProps(t, 'Batch').Environment.Variables.FLIGHTLOCK_GATE, 'off');
   const [statement] = roleStatements(t, 'Inside').filter((s) => JSON.stringify(s.Action).includes('dynamodb:'));
   assert.deepEqual(statement.Condition, { 'ForAllValues:StringLike': { 'dynamodb:LeadingKeys': ['billing/*'] } });
   for (const bad of ['', 'a*', 'a?', 'job-{tenant}']) {

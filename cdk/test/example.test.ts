@@ -12,7 +12,7 @@ import * as os from 'node:os';
 import { App, Stack } from 'aws-cdk-lib';
 
 import { JobsStack } from '../examples/lib/jobs-stack';
-import { OwnLayerStack, PinnedStack, ReleasedLayerStack } from '../examples/lib/variants';
+import { BatchStack, OwnLayerStack, PinnedStack, ReleasedLayerStack } from '../examples/lib/variants';
 import { only, placeholderCleanupCode, read, REPO, synth } from './helpers';
 
 const PAGE = 'docs/src/getting-started/cdk.md';
@@ -67,12 +67,13 @@ test('the example app (bin/jobs.ts) constructs, with the release zip it names', 
   inReleaseDir(() => require('../examples/bin/jobs'));
 });
 
-test('the variants synthesize: released ARNs, a layer of your own, a pinned version under a key prefix', () => {
+test('the variants synthesize: released ARNs, a layer of your own, a pinned version under a key prefix, a batch consumer', () => {
   const app = new App();
   const stacks: [string, Stack][] = inReleaseDir(() => [
     ['example-released', new ReleasedLayerStack(app, 'Released')],
     ['example-own-layer', new OwnLayerStack(app, 'OwnLayer')],
     ['example-pinned', new PinnedStack(app, 'Pinned')],
+    ['example-batch', new BatchStack(app, 'Batch')],
   ]);
   const t = Object.fromEntries(stacks.map(([name, stack]) => [name, inReleaseDir(() => synth(stack, name))]));
 
@@ -91,6 +92,16 @@ test('the variants synthesize: released ARNs, a layer of your own, a pinned vers
   assert.equal(consumer.Environment.Variables.FLIGHTLOCK_ON_BUSY, 'error');
   assert.equal(consumer.Environment.Variables.FLIGHTLOCK_WAIT, '20s');
   assert.match(JSON.stringify(pinned.toJSON()), /"dynamodb:LeadingKeys":\["orders\/\*"\]/);
+
+  const batch = t['example-batch'];
+  const batchFn = only(batch, 'AWS::Lambda::Function')[1].Properties;
+  assert.deepEqual(batchFn.Environment.Variables, {
+    AWS_LAMBDA_EXEC_WRAPPER: '/opt/flightlock-wrapper',
+    FLIGHTLOCK_TABLE: 'my-locks',
+    FLIGHTLOCK_GATE: 'off',
+    FLIGHTLOCK_WAIT: '0',
+  });
+  assert.match(JSON.stringify(batch.toJSON()), /"dynamodb:LeadingKeys":\["orders\/\*"\]/);
 });
 
 test('the example stack: the function gated, the table, the cleanup function, the layer from SSM', () => {

@@ -16,6 +16,7 @@ import {
   layerName,
   layerParameterName,
   LOCK_USER_ACTIONS,
+  SWITCH_OFF_WORDS,
   TABLE_SCHEMA,
   WRAPPER,
 } from '../src';
@@ -103,4 +104,10 @@ test('the package version is the workspace\'s (Cargo.toml), the release the cons
   assert.equal(pkg.version, version);
   assert.equal(lock.version, version);
   assert.equal(lock.packages[''].version, version);
+});
+
+test('the switch words read as off are the lock crate\'s (lock/src/options.rs)', () => {
+  const m = /pub const SWITCH_OFF_WORDS: &\[&str\] = &\[([^\]]*)\];/.exec(read('lock/src/options.rs'));
+  assert.ok(m, 'SWITCH_OFF_WORDS not found in lock/src/options.rs');
+  assert.deepEqual([...m[1].matchAll(/"([^"]*)"/g)].map((w) => w[1]), [...SWITCH_OFF_WORDS]);
 });

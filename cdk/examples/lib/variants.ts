@@ -50,7 +50,7 @@ export class OwnLayerStack extends Stack {
   }
 }
 
-/** A version pinned through SSM, keys under a prefix, an SQS consumer's settings (batch size 1). */
+/** A version pinned through SSM, keys under a prefix, an SQS consumer gated as a whole (batch size 1). */
 export class PinnedStack extends Stack {
   constructor(scope: Construct, id: string) {
     super(scope, id);
@@ -65,6 +65,22 @@ export class PinnedStack extends Stack {
       wait: Duration.seconds(20), // below the queue's visibility timeout
       onBusy: 'error',
       settings: { FLIGHTLOCK_LOG_LEVEL: 'debug' },
+    });
+  }
+}
+
+/** An SQS batch consumer: no invocation gated, a lock per record through the lock API. */
+export class BatchStack extends Stack {
+  constructor(scope: Construct, id: string) {
+    super(scope, id);
+    const consumer = job(this, lambda.Architecture.ARM_64);
+    const locks = new Flightlock(this, 'Flightlock', {
+      table: dynamodb.Table.fromTableName(this, 'Locks', 'my-locks'),
+      keyPrefix: 'orders/', // the handler locks 'orders/<id>' per record
+    });
+    locks.attach(consumer, {
+      gate: false,
+      wait: Duration.seconds(0), // a busy record goes to batchItemFailures at once
     });
   }
 }
