@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::error::Error;
-use crate::heartbeat::{current, LostReason, Membership, RowState};
+use crate::membership::{current, LostReason, Membership, RowState};
 use crate::memory::{Hint, Memory};
 use crate::storage::Owned;
 use crate::tick::Tick;
@@ -149,7 +149,7 @@ impl LockGuard {
         let mut mark_error = None;
         if let (Some(tick), true) = (&self.tick, succeeded) {
             if let RowState::Live(_) = m.state() {
-                match crate::done::mark(&m, &tick.0, tick.1).await {
+                match m.mark_done(&tick.0, tick.1).await {
                     Ok(d) => done = d,
                     Err(e) => mark_error = Some(e),
                 }

@@ -37,14 +37,13 @@
 //! | `error` | the crate's one error type |
 //! | `locker` | the acquisition protocol: [`Locker`] |
 //! | `memory` | what a process remembers between calls: hints, hold times, local waiters |
-//! | `heartbeat` | keeping our row alive and the lost signal |
+//! | `membership` | our row in the queue: its heartbeat, the lost signal, leaving (and a tick's done mark) |
 //! | `guard` | [`LockGuard`]: token, lost signal, release |
 //! | `status` | inspecting a key's queue ([`QueueEntry`]) |
 //! | `holder` | [`HolderInfo`]: who holds or waits, for people |
 //! | `protocol` | the protocol's version on the table: [`PROTOCOL`], the condition and the check every participant makes |
 //! | `table` | creating and checking the table |
 //! | `tick` | once per tick: [`Tick`], the watermark and the per-id record, the crash window |
-//! | `done` | marking a tick done at [`LockGuard::release_done`]; the id check once the key is held |
 //! | `permits` | changing a key's permits ([`LockOptions::permits`]) behind `flightlock permits`, and the read behind `flightlock status` |
 //! | `sweep` | the sweeper behind the cleanup function and `flightlock sweep`: pagination, concurrency, the summary |
 //!
@@ -69,13 +68,12 @@
 //!    for the costs and the crash window.
 
 pub mod clock;
-mod done;
 pub mod error;
 mod guard;
-mod heartbeat;
 mod holder;
 pub(crate) mod liveness;
 mod locker;
+mod membership;
 mod memory;
 #[cfg(test)]
 mod mutant;
@@ -95,9 +93,9 @@ pub mod tick;
 pub use clock::{Clock, SkewedClock, SystemClock};
 pub use error::{Error, HeldBy};
 pub use guard::{LockGuard, LostSignal, ReleaseOutcome};
-pub use heartbeat::LostReason;
 pub use holder::HolderInfo;
 pub use locker::Locker;
+pub use membership::LostReason;
 pub use options::{parse_duration, parse_switch, ClockSkew, LockOptions, Wait};
 pub use protocol::{MAX_PERMITS, PROTOCOL};
 pub use status::{EntryState, KeyState, QueueEntry};

@@ -52,4 +52,31 @@ impl Policy {
         clock.sleep(pause).await;
         true
     }
+
+    /// Sends one request until it is answered, pausing between failures by this policy for up
+    /// to `budget` from now; a fatal failure, or the budget spent, is the error.
+    pub(crate) async fn send<T, F, Fut>(
+        &self,
+        budget: Duration,
+        clock: &dyn Clock,
+        mut send: F,
+    ) -> Result<T, crate::error::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Failure>>,
+    {
+        let give_up = clock.now() + budget;
+        let mut attempt = 0;
+        loop {
+            match send().await {
+                Ok(v) => return Ok(v),
+                Err(failure) => {
+                    attempt += 1;
+                    if !self.pause(&failure, attempt, Some(give_up), clock).await {
+                        return Err(failure.into_error());
+                    }
+                }
+            }
+        }
+    }
 }

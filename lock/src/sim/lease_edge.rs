@@ -138,7 +138,7 @@ pub(super) const BOUNDED_RATE_SEEDS: u64 = 20;
 /// participant's monotonic clock at a rate of its own within 1/64 (the stalled participant's
 /// slow), and wall clocks at the edges of the allowance (the stalled participant's behind its
 /// watchers' by all of it: `rates::edge_offsets`). Every guarantee holds, and the 64th a bounded
-/// holder believes less (`heartbeat::believed`) keeps each slow clock's belief inside the lease
+/// holder believes less (`membership::believed`) keeps each slow clock's belief inside the lease
 /// its version promises.
 pub(super) fn bounded_rate_knobs() -> Knobs {
     Knobs {

@@ -230,7 +230,7 @@ fn edge(m: Mutant) -> Knobs {
     }
 }
 
-/// The guard in `locker/wait.rs`: a look that comes back clear after our own lease ran out
+/// The guard in `locker/attempt.rs`: a look that comes back clear after our own lease ran out
 /// must not grant. The main family reaches the window rarely (seed 7,972 of the long run);
 /// the lease-edge family CI runs reaches it at schedule 9 (6 of its 300), and the scripted
 /// schedule (`scripted_lease.rs`) drives it exactly.
@@ -244,7 +244,7 @@ fn a_grant_on_a_look_that_outlasted_our_own_lease_gives_two_holders() {
     );
 }
 
-/// The guard in `locker/mod.rs`: a tick id's check that outlasted the lease must not grant.
+/// The guard in `locker.rs`: a tick id's check that outlasted the lease must not grant.
 #[test]
 fn a_grant_after_a_tick_check_that_outlasted_our_own_lease_gives_two_holders() {
     let knobs = Knobs {
@@ -319,7 +319,7 @@ fn a_lease_counted_from_the_answer_is_caught() {
     );
 }
 
-/// The guard in `locker/mod.rs`: an enqueue (a seat taken) whose answer came back after our own
+/// The guard in `locker.rs`: an enqueue (a seat taken) whose answer came back after our own
 /// lease ran out must not grant. The lease-edge family answers a third of its seat takes after
 /// the taker's lease and reaches it at schedule 0 (30 of its 300); the scripted schedule
 /// (`scripted_lease.rs`) drives it exactly.
@@ -380,7 +380,7 @@ fn clocks_that_run_at_rates_further_apart_than_the_margin_are_caught() {
     );
 }
 
-/// Bounded mode without the 64th a holder believes less (`heartbeat::believed`): a holder whose
+/// Bounded mode without the 64th a holder believes less (`membership::believed`): a holder whose
 /// monotonic clock runs slow (within 1/64) believes past the `leaseUntilMs` it wrote, while a
 /// watcher whose wall clock is ahead by the allowance may pass its row over a lease after the
 /// write. One shared monotonic clock could not show it; the bounded clock-rate family does.

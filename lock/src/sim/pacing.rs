@@ -2,13 +2,13 @@
 //! the weather and whether or not its wait ends in time. The rules, from the code (PROTOCOL.md,
 //! "Pacing"):
 //!
-//! - **Looks** (`locker/wait.rs`, `liveness.rs`): a waiter's next look below its row (the first
+//! - **Looks** (`locker/attempt.rs`, `liveness.rs`): a waiter's next look below its row (the first
 //!   page of a `Query` below its ticket) is sent at least `0.9 · MIN_POLL` after the answer to
 //!   its previous look: the pause between looks is never below `MIN_POLL` less its jitter. Two
 //!   exceptions, each once per row: the pause cut at the wait's deadline (the last look), and a
 //!   wake by a release of this same process. A look that failed is retried after the retry
 //!   floor below.
-//! - **Heartbeats** (`heartbeat.rs`): after a renewal, the next one of the same entry is sent a
+//! - **Heartbeats** (`membership.rs`): after a renewal, the next one of the same entry is sent a
 //!   heartbeat interval after the renewal was sent; after a failed one, at least 5 % of
 //!   `min(100 ms, interval / 2)` after its failure came back (the first backoff, full jitter
 //!   clamped at 5 %).

@@ -33,7 +33,7 @@
 //! within the allowance: in true time, never sooner than a lease after its writer's wall time
 //! ([`promised`]), whatever the writer's monotonic rate. The holder counts its lease on its
 //! monotonic clock, so a slow one would believe past that; it believes a 64th less
-//! (`heartbeat::believed`). The bounded clock-rate family (`lease_edge::bounded_rate_knobs`)
+//! (`membership::believed`). The bounded clock-rate family (`lease_edge::bounded_rate_knobs`)
 //! gives bounded participants rates too, and sets their wall clocks at the two edges of the
 //! spread ([`edge_offsets`]): the stalled (slow) participant's behind, everyone else's ahead, so
 //! the allowance is spent on the wall clocks' disagreement alone and a watcher may pass the

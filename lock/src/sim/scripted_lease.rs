@@ -1,5 +1,5 @@
 //! A scripted schedule: a waiter whose own lease runs out while its last look is in flight must
-//! not be granted on that look (the guard in `locker/wait.rs`), or two participants hold the key.
+//! not be granted on that look (the guard in `locker/attempt.rs`), or two participants hold the key.
 //!
 //! The script (a storage over the model that answers a few requests its own way), lease 1 s,
 //! allowance 100 ms, everyone's wall clock the same:
@@ -12,7 +12,7 @@
 //! 5. `x`'s answer comes back: clear. By then its own lease has run out and `p` holds the key:
 //!    `x` must leave and queue again, not take the key beside `p`.
 //!
-//! Its sibling, the enqueue that outlasts its lease (the guard in `locker/mod.rs`):
+//! Its sibling, the enqueue that outlasts its lease (the guard in `locker.rs`):
 //! 1. `x` finds the key free and takes the seat; the write lands at once, its answer is held
 //!    back until `p` is granted.
 //! 2. `p` queues behind the seat, sees it unchanged past its lease and the allowance (`x` has no
@@ -44,9 +44,9 @@ const ARM: Duration = Duration::from_millis(300);
 /// Which guard the script puts to the test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// The last look outlasts the lease (`locker/wait.rs`).
+    /// The last look outlasts the lease (`locker/attempt.rs`).
     Look,
-    /// The seat's enqueue outlasts the lease (`locker/mod.rs`).
+    /// The seat's enqueue outlasts the lease (`locker.rs`).
     Enqueue,
 }
 

@@ -2,7 +2,7 @@
 //! [`Locker`]s against the model of the table, each with the defect it guards against planted to
 //! show that the script reaches it.
 //!
-//! **A hint after a set-back** (`locker/enqueue.rs`). N = 2: `b` holds ticket 2 (behind a seat
+//! **A hint after a set-back** (`locker/attempt.rs`). N = 2: `b` holds ticket 2 (behind a seat
 //! that has left); `p` is granted ticket 3 at once (one entry below) and releases it, keeping the
 //! hint "3". An operator sets the counter back to 2 (an `UpdateItem` of `last` alone), or deletes
 //! it and recreates it as `flightlock permits --set 2` does (at the highest ticket a row still
@@ -14,12 +14,12 @@
 //! from a counter that never went back (where one entry, `d`, would have queued since), so no
 //! bound is safe, and the hint reads there too.
 //!
-//! **A look refused for other permits removes nothing** (`locker/wait.rs`). A waiter of 2 queued
+//! **A look refused for other permits removes nothing** (`locker/attempt.rs`). A waiter of 2 queued
 //! behind two live holders and three rows that died; the key is switched to 3 permits. Its next
 //! look reads its page (its own row and two dead ones) before the page with the counter: it must
 //! read the counter before it removes the dead rows, and then be refused, removing only its own.
 //!
-//! **A seat's heartbeat refused for other permits is a loss at once** (`heartbeat.rs`). A holder
+//! **A seat's heartbeat refused for other permits is a loss at once** (`membership.rs`). A holder
 //! of one permit on the seat; the key's counter is switched by hand to 2 permits. Its next
 //! heartbeat is refused (`PermitsMismatch`): it loses the lock then, with that reason, not a
 //! lease later as an expired lease.

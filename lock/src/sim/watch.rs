@@ -117,7 +117,7 @@ pub(super) async fn lease_watch(ctx: Ctx, stop: tokio_util::sync::CancellationTo
                 let promised = sent + super::rates::promised(&who, lease);
                 if !row.clock_free && sent + super::rates::true_duration(&who, lease) > promised {
                     // A slow clock: a whole lease of it would outlast the promise, and only the
-                    // 64th it believes less keeps it inside (`heartbeat::believed`).
+                    // 64th it believes less keeps it inside (`membership::believed`).
                     ctx.with(|m| {
                         if m.believed_slow.insert(row.rvn.clone()) {
                             m.applied(crate::mutant::GUARD_BELIEVED);

@@ -3,7 +3,7 @@
 //! Each request is exactly one call (the SDK may retry it underneath: same request, same
 //! idempotency token) and comes back either as a protocol outcome — a conditional write that lost
 //! is an enum variant, not an error — or a [`Failure`] that says whether trying again can help.
-//! Retrying, budgets and decisions live in `locker/` and `heartbeat.rs`; the sweep's Scan and the
+//! Retrying, budgets and decisions live in `locker/` and `membership.rs`; the sweep's Scan and the
 //! removal of a dead entry are in `dynamo/scan.rs` and `dynamo/removal.rs`.
 //!
 //! Every read that decides ownership is a strongly consistent `Query` on the base table.
@@ -12,30 +12,32 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{ReturnValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{
+    Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use super::answers::{permits_refused, protocol_refused, renewal_refused};
-use super::Speaks;
-use super::{
-    counter_key, entry_key, row_key, Beat, Failure, Item, Owned, PermitsSet, Range, Renewal,
-    Request, Response, Storage,
+use super::answers::{
+    enqueue_outcome, permits_refused, protocol_refused, renewal_refused, seat_refused,
+    seat_release_refused,
 };
+use super::{
+    counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Item, Owned,
+    PermitsSet, Range, Renewal, Request, Response, Speaks, Storage,
+};
+use crate::error::{BoxError, Error};
 use crate::protocol::{self, PERMITS_NAME, PERMITS_VALUE};
-use crate::schema::{self, n, s, PK};
+use crate::schema::{self, n, s, PK, SK};
 
-mod enqueue;
-mod errors;
 mod removal;
 mod scan;
-mod ticks;
-
-pub(crate) use errors::fatal_build;
 
 pub use removal::DELETE_CONDITION;
 #[cfg(test)]
@@ -465,4 +467,461 @@ fn heartbeat_condition() -> &'static str {
         return "#owner = :owner AND #until = #until";
     }
     HEARTBEAT_CONDITION
+}
+
+impl Dynamo {
+    /// Maps an SDK error to retry-or-fatal, with actionable messages for what a user must fix.
+    pub(crate) fn classify<E>(
+        &self,
+        operation: &'static str,
+        err: SdkError<E, aws_smithy_runtime_api::http::Response>,
+    ) -> Failure
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let status = err.raw_response().map(|r| r.status().as_u16());
+        if status.is_none() && !self.answered.load(Ordering::Relaxed) {
+            if let Some(e) = crate::error::setup_error(&err) {
+                return Failure::Fatal(e);
+            }
+        }
+        let code = err.code().unwrap_or_default().to_owned();
+        let message = err.message().unwrap_or_default().to_owned();
+        enum Kind {
+            Retry(bool),
+            NotFound,
+            Denied,
+            Other,
+        }
+        let kind = match code.as_str() {
+            "ResourceNotFoundException" => Kind::NotFound,
+            "AccessDeniedException"
+            | "UnrecognizedClientException"
+            | "InvalidSignatureException"
+            | "MissingAuthenticationTokenException"
+            | "ExpiredTokenException" => Kind::Denied,
+            "ProvisionedThroughputExceededException"
+            | "ThrottlingException"
+            | "RequestLimitExceeded"
+            | "LimitExceededException" => Kind::Retry(true),
+            "InternalServerError"
+            | "ServiceUnavailable"
+            | "TransactionInProgressException"
+            // A single-item write to an item an ongoing transaction is writing (the seat lives
+            // on the counter, which every enqueue transaction updates).
+            | "TransactionConflictException" => {
+                Kind::Retry(false)
+            }
+            _ if status.is_some_and(|s| s >= 500) => Kind::Retry(false),
+            _ if status.is_none() => Kind::Retry(false), // timeouts, refused or dropped connections
+            _ => Kind::Other,
+        };
+        match kind {
+            Kind::Retry(throttled) => Failure::Retry {
+                throttled,
+                operation,
+                source: Box::new(ServiceError {
+                    code,
+                    message,
+                    source: Box::new(err),
+                }),
+            },
+            Kind::NotFound => Failure::Fatal(Error::TableNotFound {
+                table: self.table.to_string(),
+            }),
+            Kind::Denied => Failure::Fatal(Error::AccessDenied {
+                operation,
+                table: self.table.to_string(),
+                message: if message.is_empty() { code } else { message },
+            }),
+            Kind::Other => Failure::Fatal(Error::Dynamo {
+                operation,
+                source: Box::new(ServiceError {
+                    code,
+                    message,
+                    source: Box::new(err),
+                }),
+            }),
+        }
+    }
+}
+
+/// An SDK error shown the way a person wants to read it (`Code: message`), keeping the SDK's
+/// error as its source.
+#[derive(Debug)]
+pub(crate) struct ServiceError {
+    code: String,
+    message: String,
+    source: BoxError,
+}
+
+impl std::fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code.is_empty(), self.message.is_empty()) {
+            (false, false) => write!(f, "{}: {}", self.code, self.message),
+            (false, true) => f.write_str(&self.code),
+            _ => {
+                // No service code (a connection or timeout failure): the chain of causes, each
+                // once, e.g. "dispatch failure: io error: ...: Connection refused (os error 111)".
+                let mut parts: Vec<String> = Vec::new();
+                let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*self.source);
+                while let Some(e) = next {
+                    let s = e.to_string();
+                    if parts.last() != Some(&s) {
+                        parts.push(s);
+                    }
+                    next = e.source();
+                }
+                f.write_str(&parts.join(": "))
+            }
+        }
+    }
+}
+
+/// The SDK error is kept for `Debug`; the display above already carries its causes.
+impl std::error::Error for ServiceError {}
+
+pub(crate) fn fatal_build(
+    operation: &'static str,
+    e: aws_sdk_dynamodb::error::BuildError,
+) -> Failure {
+    Failure::Fatal(Error::Dynamo {
+        operation,
+        source: Box::new(e),
+    })
+}
+
+impl Dynamo {
+    /// The enqueue transaction (see [`EnqueueRequest`]). `ClientRequestToken` makes a retried
+    /// transaction idempotent on the service side; [`Enqueue::AlreadyOurs`] makes it idempotent
+    /// on ours too, for servers that ignore the token.
+    pub(super) async fn enqueue(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
+        if r.seat {
+            return self.take_seat(r).await;
+        }
+        let (update, names, values, version) = counter_move(r);
+        let counter = Update::builder()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(&r.key)))
+            .update_expression(update)
+            .condition_expression(counter_condition(r, version))
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| fatal_build("TransactWriteItems", e))?;
+        let put = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(r.row.clone()))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| fatal_build("TransactWriteItems", e))?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().update(counter).build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .client_request_token(&r.token)
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(Enqueue::Done),
+            Err(e) => e,
+        };
+        if let Some(TransactWriteItemsError::TransactionCanceledException(c)) =
+            err.as_service_error()
+        {
+            let reasons = c.cancellation_reasons();
+            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+            let item = |i: usize| reasons.get(i).and_then(|r| r.item());
+            let reasons: Vec<(&str, Option<&crate::storage::Item>)> =
+                (0..2).map(|i| (code(i), item(i))).collect();
+            if let Some(outcome) = enqueue_outcome(r, &reasons)? {
+                return Ok(outcome);
+            }
+            let throttled = c.cancellation_reasons().iter().any(|r| {
+                matches!(
+                    r.code(),
+                    Some("ThrottlingError" | "ProvisionedThroughputExceeded")
+                )
+            });
+            if throttled {
+                return Err(Failure::Retry {
+                    throttled,
+                    operation: "TransactWriteItems",
+                    source: Box::new(err),
+                });
+            }
+        }
+        if let Some(TransactWriteItemsError::TransactionInProgressException(_)) =
+            err.as_service_error()
+        {
+            return Ok(Enqueue::Conflict);
+        }
+        Err(self.classify("TransactWriteItems", err))
+    }
+
+    /// The seat's enqueue (see [`EnqueueRequest`]): one `UpdateItem` of the counter, conditioned
+    /// on the counter as read and an empty seat. A retry of an attempt that landed finds the seat
+    /// ours ([`Enqueue::AlreadyOurs`]); any other refusal reports the counter as it is.
+    pub(super) async fn take_seat(&self, r: &EnqueueRequest) -> Result<Enqueue, Failure> {
+        let (mut update, mut names, mut values, version) = counter_move(r);
+        // The seat's attributes under their one placeholder each (`schema::seat_placeholder`),
+        // which the condition uses too. A new row always carries `owner`.
+        for (name, value) in schema::seat_attributes(&r.row) {
+            let placeholder = schema::seat_placeholder(name);
+            let value_placeholder = placeholder.replacen('#', ":", 1);
+            update.push_str(&format!(", {placeholder} = {value_placeholder}"));
+            names.insert(placeholder, name.to_owned());
+            values.insert(value_placeholder, value.clone());
+        }
+        let condition = format!(
+            "{} AND attribute_not_exists({})",
+            counter_condition(r, version),
+            schema::seat_placeholder(schema::OWNER)
+        );
+        let update = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(&r.key)))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values));
+        match self.update(update).await? {
+            Updated::Applied => Ok(Enqueue::Done),
+            Updated::Refused(old) => seat_refused(r, old.as_ref()),
+        }
+    }
+}
+
+/// The counter half of an enqueue: `SET last, lastOwner` (and `tickNewest` with an ordered
+/// tick), its names and values.
+fn counter_move(
+    r: &EnqueueRequest,
+) -> (
+    String,
+    HashMap<String, String>,
+    HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+    &'static str,
+) {
+    let mut values = HashMap::from([
+        (":next".to_owned(), n(r.ticket)),
+        (
+            ":owner".to_owned(),
+            s(&schema::last_owner(&r.owner, r.ticket)),
+        ),
+        (":expected".to_owned(), n(r.counter.last)),
+    ]);
+    if let Some(o) = &r.counter.owner {
+        values.insert(":by".into(), s(o));
+    }
+    let mut names = HashMap::from([
+        ("#last".to_owned(), schema::LAST.to_owned()),
+        ("#by".to_owned(), schema::LAST_OWNER.to_owned()),
+    ]);
+    let mut update = "SET #last = :next, #by = :owner".to_owned();
+    if let Some(tick) = r.tick {
+        names.insert("#td".into(), schema::TICK_DONE.into());
+        values.insert(":tick".into(), n(tick));
+    }
+    if let Some(newest) = r.newest {
+        names.insert("#tn".into(), schema::TICK_NEWEST.into());
+        values.insert(":newest".into(), n(newest));
+        update.push_str(", #tn = :newest");
+    }
+    #[allow(unused_mut)]
+    let mut version = Speaks::Permits(r.permits).condition(&mut names, &mut values);
+    #[cfg(test)]
+    if version == crate::protocol::PERMITS_CONDITION
+        && crate::mutant::on(crate::mutant::Mutant::StorePermitsIgnored)
+    {
+        version = "(#proto = :speaks AND (#permits = :permits OR attribute_exists(#permits)))";
+    }
+    (update, names, values, version)
+}
+
+/// The counter half's condition: exactly the counter as read, on a protocol we speak
+/// ([`crate::protocol::CONDITION`]); with an ordered tick, a watermark
+/// below it ([`ENQUEUE_TICK_CONDITION`]) and a `tickNewest` not above the one we set.
+fn counter_condition(r: &EnqueueRequest, version: &'static str) -> String {
+    let mut condition = match &r.counter.owner {
+        Some(_) => "#last = :expected AND #by = :by",
+        None => "#last = :expected AND attribute_not_exists(#by)",
+    }
+    .to_owned();
+    condition.push_str(" AND ");
+    condition.push_str(protocol_condition(r.seat && r.permits == 1, version));
+    if r.tick.is_some() {
+        condition.push_str(" AND ");
+        condition.push_str(enqueue_tick_condition());
+    }
+    if r.newest.is_some() {
+        condition.push_str(" AND (attribute_not_exists(#tn) OR #tn <= :newest)");
+    }
+    condition
+}
+
+/// [`crate::protocol::CONDITION`], or under the test-only mutant, for the seat's take, one that
+/// passes whatever protocol the key runs (the version ignored by one request).
+fn protocol_condition(seat: bool, version: &'static str) -> &'static str {
+    #[cfg(test)]
+    if seat && crate::mutant::on(crate::mutant::Mutant::StoreSeatIgnoresProtocol) {
+        return "(attribute_not_exists(#proto) OR #proto <= :speaks OR #proto > :speaks)";
+    }
+    let _ = seat;
+    version
+}
+
+/// An enqueue's tick condition: the tick is not done (the watermark is absent or below it).
+pub(crate) const ENQUEUE_TICK_CONDITION: &str = "(attribute_not_exists(#td) OR #td < :tick)";
+
+/// [`ENQUEUE_TICK_CONDITION`], or under the test-only mutant one that ignores the watermark (the
+/// differential test must see the difference).
+fn enqueue_tick_condition() -> &'static str {
+    #[cfg(test)]
+    if crate::mutant::on(crate::mutant::Mutant::StoreEnqueueIgnoresWatermark) {
+        return "(attribute_not_exists(#td) OR #td = #td OR :tick = :tick)";
+    }
+    ENQUEUE_TICK_CONDITION
+}
+
+/// The watermark condition of a release that marks `:tick` done: it never moves backwards.
+pub(crate) const MARK_CONDITION: &str = "(attribute_not_exists(#td) OR #td <= :tick)";
+
+/// [`MARK_CONDITION`], or under the test-only mutant one that moves the watermark backwards too.
+fn mark_condition() -> &'static str {
+    #[cfg(test)]
+    if crate::mutant::on(crate::mutant::Mutant::StoreMarkBackwards) {
+        return "(attribute_not_exists(#td) OR #td = #td OR :tick = :tick)";
+    }
+    MARK_CONDITION
+}
+
+impl Dynamo {
+    /// The seat's release with `release_done`: one `UpdateItem` of the counter that empties the
+    /// seat *and* sets `tickDone`, if the seat is ours (owner and ticket) and the watermark is
+    /// not newer. A seat still ours under a newer watermark is [`Owned::NotMarked`] (nothing
+    /// written; the caller releases without the mark).
+    pub(super) async fn release_seat_done(
+        &self,
+        key: &str,
+        ticket: u64,
+        owner: &str,
+        tick: i64,
+    ) -> Result<Owned, Failure> {
+        let (mut names, remove) = schema::seat_placeholders();
+        names.insert("#td".into(), schema::TICK_DONE.into());
+        names.insert(crate::protocol::NAME.into(), schema::PROTOCOL_ATTR.into());
+        let owner_p = schema::seat_placeholder(schema::OWNER);
+        let ticket_p = schema::seat_placeholder(schema::TICKET);
+        let values = HashMap::from([
+            (":owner".to_owned(), s(owner)),
+            (":ticket".to_owned(), n(ticket)),
+            (":tick".to_owned(), n(tick)),
+            (
+                crate::protocol::VALUE.to_owned(),
+                n(Speaks::Permits(1).protocol()),
+            ),
+        ]);
+        // The caller retries (as for any release): no SDK retries underneath, so it knows when
+        // an earlier attempt may have landed.
+        let no_sdk_retry = aws_sdk_dynamodb::config::Builder::default()
+            .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
+        #[allow(unused_mut)]
+        let mut ours = format!("{owner_p} = :owner AND {ticket_p} = :ticket");
+        #[cfg(test)]
+        if crate::mutant::on(crate::mutant::Mutant::StoreVacateAnyOwner) {
+            ours = format!("attribute_exists({owner_p}) AND :owner = :owner AND :ticket = :ticket");
+        }
+        let result = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(key)))
+            .update_expression(format!("{remove} SET #td = :tick"))
+            .condition_expression(format!(
+                "{ours} AND {} AND {}",
+                mark_condition(),
+                crate::protocol::CONDITION
+            ))
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(no_sdk_retry)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Owned::Yes),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    protocol_refused(key, c.item(), Speaks::Permits(1))?;
+                    Ok(seat_release_refused(c.item(), owner, ticket))
+                }
+                _ => Err(self.classify("UpdateItem", e)),
+            },
+        }
+    }
+
+    /// Marks an ordered tick done on the counter (a queue row's release, before its delete):
+    /// `SET tickDone`, if the counter exists and the watermark is not newer.
+    pub(super) async fn mark_done(&self, key: &str, tick: i64) -> Result<bool, Failure> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(counter_key(key)))
+            .update_expression("SET #td = :tick")
+            .condition_expression(format!(
+                "attribute_exists(#last) AND {} AND {}",
+                mark_condition(),
+                crate::protocol::CONDITION
+            ))
+            .expression_attribute_names("#td", schema::TICK_DONE)
+            .expression_attribute_names("#last", schema::LAST)
+            .expression_attribute_names(crate::protocol::NAME, schema::PROTOCOL_ATTR)
+            .expression_attribute_values(":tick", n(tick))
+            .expression_attribute_values(crate::protocol::VALUE, n(Speaks::Permits(1).protocol()));
+        match self.update(update).await? {
+            Updated::Applied => Ok(true),
+            Updated::Refused(old) => {
+                protocol_refused(key, old.as_ref(), Speaks::Permits(1))?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Whether the record of a done tick id exists: a strongly consistent `Query` of its one sort
+    /// key (a `Query`, which lock users may already make, rather than a `GetItem`).
+    pub(super) async fn tick_recorded(&self, key: &str, id: &str) -> Result<bool, Failure> {
+        let out = self
+            .client
+            .query()
+            .table_name(&*self.table)
+            .key_condition_expression("#pk = :pk AND #sk = :sk")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_values(":pk", s(key))
+            .expression_attribute_values(":sk", s(&schema::tick_sk(id)))
+            .projection_expression("#sk")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.classify("Query", e))?;
+        Ok(out.items.is_some_and(|items| !items.is_empty()))
+    }
+
+    /// Puts the record of a done tick id if it does not exist, expiring at `expires_at`.
+    pub(super) async fn record_tick(
+        &self,
+        key: &str,
+        id: &str,
+        expires_at: i64,
+    ) -> Result<bool, Failure> {
+        self.put_new(schema::tick_record(key, id, expires_at)).await
+    }
 }

@@ -1,6 +1,6 @@
 //! The storage seam: the requests the protocol makes, as values.
 //!
-//! The protocol (`locker.rs`, `heartbeat.rs`) never talks to DynamoDB directly. It builds a
+//! The protocol (`locker.rs`, `membership.rs`) never talks to DynamoDB directly. It builds a
 //! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two
 //! implementations exist:
 //!
@@ -21,7 +21,6 @@
 pub(crate) mod answers;
 mod dynamo;
 mod store;
-mod ticks;
 
 #[cfg(test)]
 pub(crate) use dynamo::scan_names;

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use aws_sdk_dynamodb::types::AttributeValue;
+
 use super::{
     Beat, Enqueue, EnqueueRequest, Failure, Item, Owned, PermitsSet, Range, Renewal, Request,
     Response, ScanRequest, StaleDelete, Storage, SweepDead,
@@ -10,7 +12,6 @@ use super::{
 use crate::error::Error;
 use crate::protocol::Speaks;
 use crate::schema::{Counter, QueueRow, Snapshot, COUNTER_SK, SK};
-use aws_sdk_dynamodb::types::AttributeValue;
 
 /// The protocol's handle on a storage: typed requests, one each, and the background releases.
 #[derive(Clone, Debug)]
@@ -258,6 +259,52 @@ impl Store {
         match self.call(request).await? {
             Response::Owned(o) => Ok(o),
             other => Err(Self::wrong("DeleteItem", other)),
+        }
+    }
+}
+
+impl Store {
+    /// Marks the ordered tick `tick` done on `key`'s counter (only forward). `true` if the
+    /// watermark stands at `tick` now.
+    pub(crate) async fn mark_done(&self, key: &str, tick: i64) -> Result<bool, Failure> {
+        let request = Request::MarkDone {
+            key: key.to_owned(),
+            tick,
+        };
+        match self.call(request).await? {
+            Response::Marked(m) => Ok(m),
+            other => Err(Self::wrong("UpdateItem", other)),
+        }
+    }
+
+    /// Whether the record of the done tick id `id` exists (a strongly consistent read).
+    pub(crate) async fn tick_recorded(&self, key: &str, id: &str) -> Result<bool, Failure> {
+        let request = Request::TickRecorded {
+            key: key.to_owned(),
+            id: id.to_owned(),
+        };
+        match self.call(request).await? {
+            Response::Recorded(r) => Ok(r),
+            other => Err(Self::wrong("Query", other)),
+        }
+    }
+
+    /// Writes the record of the done tick id `id`, expiring at `expires_at` (epoch seconds).
+    /// `true` if we wrote it, `false` if it existed.
+    pub(crate) async fn record_tick(
+        &self,
+        key: &str,
+        id: &str,
+        expires_at: i64,
+    ) -> Result<bool, Failure> {
+        let request = Request::RecordTick {
+            key: key.to_owned(),
+            id: id.to_owned(),
+            expires_at,
+        };
+        match self.call(request).await? {
+            Response::Recorded(r) => Ok(r),
+            other => Err(Self::wrong("PutItem", other)),
         }
     }
 }

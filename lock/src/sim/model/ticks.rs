@@ -1,5 +1,5 @@
 //! The model's once-per-tick semantics (see [`crate::tick`]), as `storage/dynamo.rs` and
-//! `storage/dynamo/ticks.rs` send them: the enqueue's tick conditions, the counter's
+//! `storage/dynamo.rs` send them: the enqueue's tick conditions, the counter's
 //! `tickNewest`, the seat's release that marks, the mark of a row's release, and the records of
 //! done tick ids.
 
@@ -53,7 +53,7 @@ impl Table {
         }
     }
 
-    /// `MARK_CONDITION` of `storage/dynamo/ticks.rs`: the watermark is absent or not newer than
+    /// `MARK_CONDITION` of `storage/dynamo.rs`: the watermark is absent or not newer than
     /// `tick`.
     fn watermark_allows(&self, key: &str, tick: i64) -> bool {
         self.get(key, COUNTER_SK)

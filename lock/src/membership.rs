@@ -1,4 +1,5 @@
-//! Keeping our queue row alive, and knowing the moment we can no longer be sure it is.
+//! Our row in a key's queue: keeping it alive, knowing the moment we can no longer be sure it
+//! is, and leaving (with a tick marked done when the run succeeded: see [`crate::tick`]).
 //!
 //! A [`Membership`] is our row plus the background task that heartbeats it. It exists from the
 //! moment the row is written (a waiter's row must stay live too, or those behind it would pass
@@ -28,7 +29,9 @@ use crate::error::Error;
 use crate::liveness::backoff;
 use crate::options::LockOptions;
 use crate::retry::Policy;
+use crate::schema::ttl_seconds;
 use crate::storage::{Beat, Failure, Owned, Renewal, Speaks, Store};
+use crate::tick::Tick;
 
 /// Why a lock (or a place in the queue) was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -345,7 +348,7 @@ pub(crate) async fn delete_with_retry(
     mut done: Option<i64>,
     speaks: Speaks,
 ) -> Result<Owned, Error> {
-    let give_up = clock.now() + Duration::from_secs(5);
+    let give_up = clock.now() + RELEASE_BUDGET;
     let mut attempt = 0;
     let mut ambiguous = false;
     loop {
@@ -372,6 +375,45 @@ pub(crate) async fn delete_with_retry(
         ambiguous = true;
     }
 }
+
+impl Membership {
+    /// Marks `tick` done for the run that holds this row. Returns the ordered tick the seat's
+    /// release must mark in its own write (the seat: free); a queue row's release marks the
+    /// counter here first (one more request), and a tick id's record is written here (one more
+    /// write). Each request is retried like a release.
+    pub(crate) async fn mark_done(
+        &self,
+        tick: &Tick,
+        keep: Duration,
+    ) -> Result<Option<i64>, Error> {
+        let (store, clock, key) = (&self.store, &*self.clock, &*self.key);
+        match tick {
+            Tick::At(t) if self.seat => Ok(Some(*t)),
+            Tick::At(t) => {
+                let marked = RELEASE_RETRY
+                    .send(RELEASE_BUDGET, clock, || store.mark_done(key, *t))
+                    .await?;
+                if !marked {
+                    tracing::warn!(key, tick = %tick, "a newer tick is marked done already; not marking ours");
+                }
+                Ok(None)
+            }
+            Tick::Id(id) => {
+                let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+                let expires_at = ttl_seconds(clock.wall_ms().saturating_add(keep_ms));
+                RELEASE_RETRY
+                    .send(RELEASE_BUDGET, clock, || {
+                        store.record_tick(key, id, expires_at)
+                    })
+                    .await?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// How long a release's request (and a tick's mark or check) is retried.
+pub(crate) const RELEASE_BUDGET: Duration = Duration::from_secs(5);
 
 /// How a release retries: for up to 5 s, short pauses (a release in a `Drop` runs in the
 /// background; a process that exits waits for it).

@@ -36,8 +36,8 @@ use crate::clock::millis;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, HeldBy};
 use crate::guard::LockGuard;
-use crate::heartbeat::RowState;
 use crate::liveness::Observer;
+use crate::membership::{RowState, RELEASE_BUDGET, RELEASE_RETRY};
 use crate::memory::Memory;
 use crate::options::{ClockSkew, LockOptions};
 use crate::retry::Policy;
@@ -46,12 +46,9 @@ use crate::status::{KeyState, QueueEntry};
 use crate::storage::Dynamo;
 use crate::storage::{Failure, Storage, Store};
 
-mod enqueue;
-mod inflight;
-mod ticks;
-mod wait;
+mod attempt;
 
-use enqueue::Attempt;
+use attempt::Attempt;
 
 /// Retries of transient failures last at least this long, even with `wait = 0`.
 const MIN_RETRY_BUDGET: Duration = Duration::from_secs(5);
@@ -255,7 +252,12 @@ impl Locker {
             };
             if let Some(crate::tick::Tick::Id(id)) = &opts.tick {
                 // A tick id is checked once the key is held: nobody else can record it now.
-                let recorded = crate::done::recorded(&self.store, &*self.clock, key, id).await;
+                let store = &self.store;
+                let recorded = RELEASE_RETRY
+                    .send(RELEASE_BUDGET, &*self.clock, || {
+                        store.tick_recorded(key, id)
+                    })
+                    .await;
                 if !matches!(recorded, Ok(false)) {
                     drop(membership.leave().await);
                     recorded?;
