@@ -12,7 +12,7 @@
 //! | module | what |
 //! |---|---|
 //! | `runtime_api` | Runtime API paths and headers, route classification (pure) |
-//! | `proxy` | the proxy: forward everything; `proxy::next` fetches events (fail closed), `proxy::admit` locks each one within its deadline (through the shared gate) and releases, `proxy::context` hands the ticket to the handler in the client context |
+//! | `proxy` | the proxy (`Proxy`): forward everything; on `GET next` fetch events (fail closed), lock each one within its deadline (through the shared gate), hand it over, and release once it is answered; its parts with a concern of their own: `proxy::fetches` (the `GET next` fetch tasks a disconnecting runtime cannot cancel), `proxy::processes` (which runtime process gets each event), `proxy::context` (the ticket written into the handler's client context) |
 //! | `invocations` | invocations in flight, by request id (proxy ↔ extension) |
 //! | `lock_api` | the lock API on the proxy's listener: the handler takes and releases locks of its own (a lock per record of a batch), all released when its invocation ends |
 //! | `mode` | the execution mode (standard or Lambda Managed Instances) and what it registers (pure) |

@@ -22,19 +22,26 @@
 //! restore: a new DynamoDB client (the pooled connections belong to the snapshot's environment)
 //! and a new host id. Owner ids, record versions and jitter need nothing: they are drawn from
 //! the OS at each use (see `flightlock::clock`).
+//!
+//! **Layout.** [`Proxy`] and all of its methods are here: serving and forwarding, `GET next`
+//! (fetch and gate), admitting an event (the decision, its answer upstream, the wait and hold
+//! spans) and releasing it. Its sub-modules each own a concern and its state, reached through
+//! their own methods: `fetches` (the fetch tasks of `GET next`, and what a disconnected
+//! runtime left), `processes` (which runtime process gets each event, standard or Managed
+//! Instances) and `context` (the caller's client context read, and the handler's written).
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use flightlock::Locker;
 use flightlock_lambda::body::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
+use flightlock_lambda::client_context::Handover;
 use flightlock_lambda::config::Config;
-use flightlock_lambda::gate::{Gate, Run};
+use flightlock_lambda::gate::{Gate, Held, Outcome, Run};
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
@@ -45,29 +52,29 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::Semaphore;
 use tracing::{field, Instrument};
 
 use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
+use crate::crash_watch::{self, WatchEnd, MAX_INVOCATION};
 use crate::invocations::{Invocations, Slot};
 use crate::metrics::{Metric, Metrics};
 use crate::mode::Mode;
-use crate::otel::Traces;
+use crate::otel::spans::{self, HoldEnd, WaitEnd};
+use crate::otel::xray::TraceParent;
+use crate::otel::{HoldTrace, Traces};
 use crate::runtime_api::{
-    error_path, response_path, route, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER, REQUEST_ID_HEADER,
-    TENANT_HEADER, TRACE_ID_HEADER,
+    error_path, response_path, route, usable_request_id, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER,
+    REQUEST_ID_HEADER, TENANT_HEADER, TRACE_ID_HEADER,
 };
-use crate::runtime_process::{self, Proc};
 
-mod admit;
 mod context;
-mod handover;
-mod next;
+mod fetches;
+mod processes;
 
+use fetches::{Fetched, Fetches};
 pub use flightlock_lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
-use handover::Conn;
-pub use next::usable_request_id;
-use next::Fetched;
+use processes::{Conn, Processes};
 
 /// Limits on what runtime connections can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,27 +110,19 @@ pub struct Proxy {
     invocations: Arc<Invocations>,
     client: Client<HttpConnector, ProxyBody>,
     upstream: String,
-    /// The port the wrapper points the runtime at (`FLIGHTLOCK_PROXY_PORT`): how the runtime's
-    /// process is told from others (its `AWS_LAMBDA_RUNTIME_API`).
-    port: u16,
-    /// Where `/proc` is (a seam for tests).
-    proc_root: PathBuf,
-    /// The runtime process last found (see [`runtime_process`]).
-    runtime: std::sync::Mutex<Option<Proc>>,
-    /// Set once "the runtime is not known" has been logged.
-    runtime_unknown_logged: AtomicBool,
+    /// Which runtime process gets each event (see [`processes`]), and the execution mode: on
+    /// Managed Instances the proxy identifies the runtime process of each connection and
+    /// watches the invocations it hands over (there are no INVOKE events).
+    processes: Processes,
     /// Connection limits.
     limits: Limits,
     /// Set when a runtime first asks the proxy for an event.
     runtime_connected: AtomicBool,
-    /// Results of fetches whose runtime disconnected, for the next `GET next` (see [`Waiting`]).
-    orphans: std::sync::Mutex<VecDeque<oneshot::Receiver<Fetched>>>,
+    /// The fetch tasks of `GET next`, and what disconnected runtimes left (see [`fetches`]).
+    fetches: Arc<Fetches>,
     /// Releases in flight (a runtime that died mid-invocation is released by its watch, which
     /// may still be deleting the row when SHUTDOWN comes): shutdown waits for them.
     releasing: tokio::sync::watch::Sender<usize>,
-    /// The execution mode: on Managed Instances the proxy identifies the runtime process of
-    /// each connection and watches the invocations it hands over (there are no INVOKE events).
-    mode: Mode,
     /// The OTLP export of the wait and hold spans ([`crate::otel`]); `None` without an
     /// endpoint, and then no span is made.
     traces: Option<Arc<Traces>>,
@@ -151,15 +150,15 @@ impl Proxy {
             invocations,
             client,
             upstream,
-            port: crate::config::DEFAULT_PROXY_PORT,
-            proc_root: PathBuf::from("/proc"),
-            runtime: std::sync::Mutex::new(None),
-            runtime_unknown_logged: AtomicBool::new(false),
+            processes: Processes::new(
+                PathBuf::from("/proc"),
+                crate::config::DEFAULT_PROXY_PORT,
+                Mode::Standard,
+            ),
             limits: Limits::default(),
             runtime_connected: AtomicBool::new(false),
-            orphans: std::sync::Mutex::new(VecDeque::new()),
+            fetches: Arc::new(Fetches::default()),
             releasing: tokio::sync::watch::channel(0).0,
-            mode: Mode::Standard,
             traces: None,
             api_token: None,
         }
@@ -196,42 +195,14 @@ impl Proxy {
     /// Sets the port the wrapper points the runtime at (default
     /// [`DEFAULT_PROXY_PORT`](crate::config::DEFAULT_PROXY_PORT)).
     pub fn with_port(mut self, port: u16) -> Proxy {
-        self.port = port;
+        self.processes.set_port(port);
         self
     }
 
     /// Sets the execution mode (default: standard).
     pub fn with_mode(mut self, mode: Mode) -> Proxy {
-        self.mode = mode;
+        self.processes.set_mode(mode);
         self
-    }
-
-    /// The runtime process (the one the wrapper exec'd, pointed at this proxy's port), if it
-    /// can be known; see [`runtime_process`].
-    async fn runtime_process(&self) -> Option<Proc> {
-        if self.mode == Mode::ManagedInstances {
-            // Several runtime processes: each connection's is found by `handed_over`.
-            return None;
-        }
-        let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
-        let root = self.proc_root.clone();
-        let api = format!("127.0.0.1:{}", self.port);
-        let found = tokio::task::spawn_blocking(move || match cached {
-            Some(p) if runtime_process::is_alive(&root, p) => Some(p),
-            _ => runtime_process::find_runtime(&root, &api),
-        })
-        .await
-        .ok()
-        .flatten();
-        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = found;
-        if found.is_none() && !self.runtime_unknown_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "the runtime process is not known (not started through /opt/flightlock-wrapper): \
-                 if it crashes mid-invocation its lock is released at SHUTDOWN or when the lease \
-                 (capped at the deadline) lapses, not at once"
-            );
-        }
-        found
     }
 
     /// The invocations in flight.
@@ -279,7 +250,7 @@ impl Proxy {
 
     /// Where `/proc` is.
     pub fn proc_root(&self) -> &std::path::Path {
-        &self.proc_root
+        self.processes.proc_root()
     }
 
     /// Serves connections from `listener` until the process ends.
@@ -312,11 +283,7 @@ impl Proxy {
             }
             let proxy = self.clone();
             let header_read_timeout = self.limits.header_read_timeout;
-            let conn = stream.local_addr().ok().map(|local| Conn {
-                peer,
-                local,
-                runtime: Arc::new(std::sync::OnceLock::new()),
-            });
+            let conn = stream.local_addr().ok().map(|local| Conn::new(peer, local));
             tokio::spawn(async move {
                 let _slot = slot;
                 let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
@@ -347,8 +314,10 @@ impl Proxy {
         let response = match route(req.method(), req.uri().path()) {
             Route::Next => {
                 let resp = self.clone().next(req).await;
-                if let (Ok(r), Some(conn), Mode::ManagedInstances) = (&resp, conn, self.mode) {
-                    self.handed_over(r, conn).await;
+                if let (Ok(r), Some(conn), Mode::ManagedInstances) =
+                    (&resp, conn, self.processes.mode())
+                {
+                    self.watch_on_connection(r, conn).await;
                 }
                 resp
             }
@@ -491,6 +460,471 @@ impl Proxy {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// `GET next`: fetch events upstream and gate them, in a task a disconnecting runtime cannot
+/// cancel halfway (fail closed; see [`fetches`]).
+impl Proxy {
+    /// `GET next`: fetch events upstream until one acquires its lock (or is not ours to gate).
+    async fn next(self: Arc<Self>, req: Request<Incoming>) -> Fetched {
+        self.runtime_connected.store(true, Ordering::Relaxed);
+        let (mut parts, _) = req.into_parts();
+        // The runtime's request body (a GET has none) is not forwarded: drop its framing so
+        // upstream does not wait for bytes that never come.
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        parts.headers.remove(http::header::TRANSFER_ENCODING);
+        // Fetching and gating run in their own task (see [`fetches`]).
+        let this = self.clone();
+        self.fetches
+            .next(move || async move { this.fetch_and_gate(parts).await })
+            .await
+    }
+
+    /// Fetches events upstream until one acquires its lock (or is not an event).
+    async fn fetch_and_gate(
+        &self,
+        parts: http::request::Parts,
+    ) -> Result<Response<ProxyBody>, BoxError> {
+        loop {
+            let resp = self
+                .send(
+                    Method::GET,
+                    &parts.uri,
+                    parts.headers.clone(),
+                    parts.extensions.clone(),
+                    full(Bytes::new()),
+                )
+                .await?;
+            if !resp.status().is_success() {
+                // Not an event (an error from upstream): the runtime deals with it.
+                return Ok(resp);
+            }
+            let request_id = resp
+                .headers()
+                .get(REQUEST_ID_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|id| usable_request_id(id))
+                .map(str::to_owned);
+            let Some(id) = request_id else {
+                // Fail closed: an event that can be neither gated nor answered is never passed
+                // to the runtime ungated. Lambda ends it at its deadline.
+                self.metrics.count(Metric::EventErrors);
+                return Err(format!(
+                    "upstream answered GET next with an event without a usable {REQUEST_ID_HEADER} \
+                     header; it is not handed to the runtime ungated"
+                )
+                .into());
+            };
+            let (rparts, body) = resp.into_parts();
+            let slot = self.invocations.slot(&id);
+            slot.mark_seen();
+            let span = tracing::info_span!(
+                "invocation",
+                request_id = %id,
+                key = field::Empty,
+                tick = field::Empty,
+                ticket = field::Empty,
+                waited_ms = field::Empty
+            );
+            slot.set_span(span.clone());
+            let event = match body.collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    // Fail closed: answer it upstream as failed, never hand over a partial event.
+                    let message =
+                        format!("flightlock could not read the event from the Runtime API: {e}");
+                    async {
+                        tracing::error!(error = %e, "could not read the event; failing the invocation");
+                        self.metrics.count(Metric::EventErrors);
+                        self.answer(&id, Some(EVENT_ERROR_TYPE), &error_body(EVENT_ERROR_TYPE, &message))
+                            .await;
+                    }
+                    .instrument(span)
+                    .await;
+                    slot.mark_done();
+                    continue;
+                }
+            };
+            // Before the lock is taken: a caller's client context that cannot be read with
+            // certainty fails the invocation, so no entry it forged can reach the handler.
+            let caller = match context::caller(&rparts.headers) {
+                Ok(caller) => caller,
+                Err(why) => {
+                    let message = format!(
+                        "flightlock refused the invocation's client context: {why}; it cannot \
+                         remove the caller's flightlock* entries from it with certainty"
+                    );
+                    async {
+                        tracing::warn!(reason = %why, "refused the invocation's client context; failing the invocation");
+                        self.answer(&id, Some(CONTEXT_ERROR_TYPE), &error_body(CONTEXT_ERROR_TYPE, &message))
+                            .await;
+                    }
+                    .instrument(span)
+                    .await;
+                    slot.mark_done();
+                    continue;
+                }
+            };
+            let deadline = rparts
+                .headers
+                .get(DEADLINE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+            // Tenant isolation mode: the tenant id of this invocation, for `{tenant}` keys.
+            let tenant = rparts
+                .headers
+                .get(TENANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            // With OTLP export on: the invocation's trace, for its spans (sampled ones only).
+            let trace = self.traces.as_ref().and_then(|_| {
+                rparts
+                    .headers
+                    .get(TRACE_ID_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(crate::otel::xray::parse)
+                    .filter(|t| t.sampled)
+            });
+            // The gate decides (skipped or failed invocations were answered here and are done)
+            // unless FLIGHTLOCK_GATE is off; either way the caller's flightlock* entries go.
+            let handover = if self.config.gate {
+                match self
+                    .admit(&id, &slot, deadline, &event, tenant.as_deref(), trace)
+                    .instrument(span.clone())
+                    .await
+                {
+                    Some(handover) => Some(handover),
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            // Note which runtime receives the event, to notice if it dies mid-invocation.
+            slot.set_runtime(self.processes.runtime().await);
+            // The one change to the event: the handler's client context gets its lock.
+            let mut rparts = rparts;
+            span.in_scope(|| context::write(&mut rparts.headers, &caller, handover.as_ref()));
+            slot.mark_handed_over(flightlock_lambda::records::Records::new(
+                self.locker(),
+                self.config.clone(),
+                self.holder(&id),
+                deadline,
+            ));
+            return Ok(Response::from_parts(rparts, full(event)));
+        }
+    }
+
+    /// An event is about to go to the runtime process on `conn` (Managed Instances): note which
+    /// process that is, and start the invocation's crash watch, bounded by its deadline.
+    async fn watch_on_connection(self: &Arc<Self>, resp: &Response<ProxyBody>, conn: Conn) {
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+        let Some(id) = header(REQUEST_ID_HEADER).map(str::to_owned) else {
+            return;
+        };
+        let Some(slot) = self.invocations.get(&id) else {
+            return;
+        };
+        let deadline = header(DEADLINE_HEADER)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+        let runtime = self.processes.of_connection(&conn, &id).await;
+        slot.set_runtime(runtime);
+        tokio::spawn(watch_invocation(self.clone(), id, slot, deadline));
+    }
+}
+
+/// Admitting one event: deciding it through the shared [`Gate`], answering upstream what it
+/// decided (skipped or failed), and tracing its wait and hold.
+impl Proxy {
+    /// Takes the lock for one event. `Some`: the runtime gets the event, and its handler this
+    /// (see [`context`]). `None`: the invocation was answered here (skipped or failed)
+    /// and is done. With `trace` (a sampled trace, OTLP export on), the wait's span is queued
+    /// once the decision is answered, and an acquired lock's hold is traced until its release.
+    async fn admit(
+        &self,
+        id: &str,
+        slot: &Arc<Slot>,
+        deadline: Option<SystemTime>,
+        event: &[u8],
+        tenant: Option<&str>,
+        trace: Option<TraceParent>,
+    ) -> Option<Handover> {
+        // Untraced, nothing more than this check.
+        let started = trace.map(|parent| (parent, SystemTime::now()));
+        let outcome = self
+            .current_gate()
+            .decide(id, deadline, event, tenant)
+            .await;
+        let traced = started.map(|(parent, start)| (parent, start, SystemTime::now()));
+        match outcome {
+            Outcome::Acquired(held) => {
+                let handover = held.handover();
+                if let Some(traced) = traced {
+                    self.trace_acquired(slot, &held, &handover, id, traced);
+                }
+                slot.hold(held);
+                Some(handover)
+            }
+            Outcome::Skipped(body) => {
+                self.answer(id, None, &body).await;
+                // The span is queued after the answer, before the invocation counts as done.
+                if let Some((parent, start, decided)) = traced {
+                    let reason = body["flightlock"]["reason"]
+                        .as_str()
+                        .unwrap_or("unknown")
+                        .to_owned();
+                    let key = body["flightlock"]["key"].as_str().map(spans::key_hash);
+                    let inv = self.traced(id, parent, key, event, tenant);
+                    self.trace_wait(&inv, start, decided, &WaitEnd::Skipped { reason });
+                }
+                slot.mark_done();
+                None
+            }
+            Outcome::Failed {
+                error_type,
+                message,
+            } => {
+                let body = flightlock_lambda::body::error_body(error_type, &message);
+                self.answer(id, Some(error_type), &body).await;
+                if let Some((parent, start, decided)) = traced {
+                    let key = self
+                        .config
+                        .key
+                        .render_invocation(event, tenant)
+                        .ok()
+                        .map(|k| spans::key_hash(&k));
+                    let inv = self.traced(id, parent, key, event, tenant);
+                    let error_type = error_type.to_owned();
+                    self.trace_wait(&inv, start, decided, &WaitEnd::Failed { error_type });
+                }
+                slot.mark_done();
+                None
+            }
+        }
+    }
+
+    /// What the spans of an invocation that was not run share (its tick rendered again from
+    /// the event; it was only just rendered by the gate).
+    fn traced(
+        &self,
+        id: &str,
+        parent: TraceParent,
+        key_hash: Option<String>,
+        event: &[u8],
+        tenant: Option<&str>,
+    ) -> spans::Invocation {
+        spans::Invocation {
+            parent,
+            request_id: id.to_owned(),
+            key_hash,
+            tick: self.config.tick.tick(event, tenant).ok().flatten(),
+        }
+    }
+
+    /// Queues the span of a wait (OTLP export on).
+    fn trace_wait(
+        &self,
+        inv: &spans::Invocation,
+        start: SystemTime,
+        end: SystemTime,
+        how: &WaitEnd,
+    ) {
+        if let Some(traces) = &self.traces {
+            traces.record(spans::wait_span(inv, traces.scope(), start, end, how));
+        }
+    }
+
+    /// Queues the span of a wait that took the lock (`traced`: the trace, when the decision
+    /// started and when it ended), and starts tracing its hold.
+    fn trace_acquired(
+        &self,
+        slot: &Slot,
+        held: &Held,
+        handover: &Handover,
+        id: &str,
+        (parent, start, decided): (TraceParent, SystemTime, SystemTime),
+    ) {
+        let inv = spans::Invocation {
+            parent,
+            request_id: id.to_owned(),
+            key_hash: Some(spans::key_hash(&handover.key)),
+            tick: held.tick().cloned(),
+        };
+        let ticket = handover.ticket;
+        self.trace_wait(&inv, start, decided, &WaitEnd::Acquired { ticket });
+        slot.set_hold_trace(HoldTrace {
+            inv,
+            ticket,
+            start: decided,
+        });
+    }
+
+    /// Queues the span of a hold that ended as `how` (OTLP export on).
+    fn trace_hold(&self, trace: Option<HoldTrace>, how: HoldEnd) {
+        if let (Some(traces), Some(t)) = (&self.traces, trace) {
+            let end = SystemTime::now();
+            traces.record(spans::hold_span(
+                &t.inv,
+                traces.scope(),
+                t.ticket,
+                t.start,
+                end,
+                how,
+            ));
+        }
+    }
+}
+
+/// Releasing what an invocation acquired: when it is answered, when its runtime dies, at
+/// shutdown.
+impl Proxy {
+    /// Releases the locks of `slot` after a run that ended as `run`: the gate's lock, if any (a
+    /// succeeded run marks its tick done), and every lock its handler took through the lock API
+    /// (the invocation ended: none outlives it).
+    pub async fn release(&self, slot: &Slot, run: Run) {
+        let _in_flight = Releasing::start(&self.releasing);
+        let records = async {
+            match slot.records() {
+                Some(records) => records.close().await,
+                None => 0,
+            }
+        };
+        let gated = self.release_gated(slot, run);
+        futures::future::join(records, gated).await;
+    }
+
+    /// Releases the gate's lock held by `slot`, if any.
+    async fn release_gated(&self, slot: &Slot, run: Run) {
+        if let Some(held) = slot.take_held() {
+            let trace = slot.take_hold_trace();
+            let how = match run {
+                _ if trace.is_some() && held.is_lost() => HoldEnd::Lost,
+                Run::Succeeded => HoldEnd::Ran,
+                Run::Failed => HoldEnd::Failed,
+            };
+            self.current_gate().release(held, run).await;
+            self.trace_hold(trace, how);
+        }
+    }
+
+    /// Waits until the invocation of `slot` is finished, at most `limit` (see
+    /// [`crate::crash_watch`]). If the runtime that got the event dies first, with every
+    /// process it started, releases the lock at once (the run failed: its tick stays for the
+    /// retries) and counts the invocation as finished. False: `limit` passed first.
+    pub async fn watch_until_done(&self, slot: &Slot, id: &str, limit: Duration) -> bool {
+        match crash_watch::watch(self.processes.proc_root(), slot, limit).await {
+            WatchEnd::Done => true,
+            WatchEnd::TimedOut => false,
+            WatchEnd::RuntimeGone { pid } => {
+                tracing::warn!(
+                    request_id = %id,
+                    runtime_pid = pid,
+                    "the runtime exited in the middle of the invocation (its whole process tree \
+                     is gone); releasing its lock now"
+                );
+                self.release(slot, Run::Failed).await;
+                slot.mark_done();
+                true
+            }
+        }
+    }
+
+    /// Releases every held lock, within `budget` (shutdown). Their runs never answered: failed,
+    /// so their ticks stay for the retries. Then sends the queued spans (OTLP export on) with
+    /// what is left of `budget`.
+    pub async fn release_all(&self, budget: Duration) {
+        let started = Instant::now();
+        let held = self.invocations.take_all_held_traced();
+        let n = held.len();
+        let gate = self.current_gate();
+        let releases = futures::future::join_all(held.into_iter().map(|(h, trace)| {
+            let how = if trace.is_some() && h.is_lost() {
+                HoldEnd::Lost
+            } else {
+                HoldEnd::Shutdown
+            };
+            let gate = &gate;
+            async move {
+                gate.release(h, Run::Failed).await;
+                self.trace_hold(trace, how);
+            }
+        }));
+        // And every lock a handler took through the lock API: its invocation never answered.
+        let slots = self.invocations.all();
+        let records = futures::future::join_all(
+            slots
+                .iter()
+                .filter_map(|s| s.records())
+                .map(|records| async move { records.close().await }),
+        );
+        let all = async {
+            let (_, records) = futures::future::join(releases, records).await;
+            let records: usize = records.into_iter().sum();
+            if records > 0 {
+                tracing::info!(
+                    released = records,
+                    "released the lock API's locks at shutdown"
+                );
+            }
+            // Releases already under way elsewhere (the watch of a runtime that died just
+            // before SHUTDOWN) finish too: exiting now would drop their delete.
+            let _ = self.releasing.subscribe().wait_for(|n| *n == 0).await;
+            gate.locker().flush().await;
+        };
+        if tokio::time::timeout(budget, all).await.is_err() {
+            tracing::error!(
+                held = n,
+                budget_ms = budget.as_millis() as u64,
+                "shutdown budget spent before every lock was released; they lapse within a lease"
+            );
+            self.metrics.count(Metric::ReleaseErrors);
+        } else if n > 0 {
+            tracing::info!(released = n, "released held locks at shutdown");
+        }
+        if let Some(traces) = &self.traces {
+            traces.flush(budget.saturating_sub(started.elapsed())).await;
+        }
+    }
+}
+
+/// The crash watch of an event the proxy has just handed to a runtime process (Managed
+/// Instances): until the invocation is finished or its deadline, release its lock at once if
+/// that runtime process dies. The slot is left for the forget sweep, so a late `platform.start`
+/// still finds it seen.
+async fn watch_invocation(
+    proxy: Arc<Proxy>,
+    id: String,
+    slot: Arc<Slot>,
+    deadline: Option<SystemTime>,
+) {
+    let left = deadline.map_or(MAX_INVOCATION, |d| {
+        d.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    });
+    if !proxy.watch_until_done(&slot, &id, left).await {
+        tracing::warn!(
+            request_id = %id,
+            "invocation still unfinished past its deadline; its lock is released at \
+             shutdown or lapses at the deadline plus grace"
+        );
+    }
+}
+
+/// One release in flight, counted until it ends (or its future is dropped).
+struct Releasing<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> Releasing<'a> {
+    fn start(count: &'a tokio::sync::watch::Sender<usize>) -> Releasing<'a> {
+        count.send_modify(|n| *n += 1);
+        Releasing(count)
+    }
+}
+
+impl Drop for Releasing<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 

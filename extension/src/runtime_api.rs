@@ -69,6 +69,16 @@ pub fn error_path(id: &str) -> String {
     format!("/{VERSION}/runtime/invocation/{id}/error")
 }
 
+/// True if `id` can be used as a path segment of the Runtime API (non-empty, visible ASCII, no
+/// `/`, `?`, `#`, `%` or a backslash). Pure.
+pub fn usable_request_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 256
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'%' | b'\\'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +122,15 @@ mod tests {
             "/2018-06-01/runtime/invocation/x/response"
         );
         assert_eq!(error_path("x"), "/2018-06-01/runtime/invocation/x/error");
+    }
+
+    #[test]
+    fn request_ids_must_be_path_segments() {
+        assert!(usable_request_id("8476a536-e9f4-11e8-9739-2dfe598c3fcd"));
+        assert!(usable_request_id("req-1"));
+        for bad in ["", "a/b", "a b", "a?b", "a#b", "a%2Fb", "..\\x", "é"] {
+            assert!(!usable_request_id(bad), "{bad:?}");
+        }
+        assert!(!usable_request_id(&"x".repeat(257)));
     }
 }

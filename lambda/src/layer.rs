@@ -169,13 +169,13 @@ impl FlightlockLayer {
     }
 
     /// The gate in force (cheap to clone).
-    fn gate(&self) -> Gate {
+    fn current_gate(&self) -> Gate {
         self.gate.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The configuration in force.
     pub fn config(&self) -> Config {
-        self.gate().config().clone()
+        self.current_gate().config().clone()
     }
 
     /// After a SnapStart restore: a new DynamoDB client (new connections) and a new host id
@@ -253,7 +253,7 @@ where
         );
         Box::pin(
             async move {
-                let gate = &layer.gate();
+                let gate = &layer.current_gate();
                 // Only a key template or a tick source that reads the event needs its bytes.
                 let bytes = if gate.config().key.reads_event() || gate.config().tick.reads_event() {
                     serde_json::to_vec(&event.payload)

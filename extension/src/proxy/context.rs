@@ -23,11 +23,7 @@ pub(super) fn caller(headers: &HeaderMap) -> Result<CallerContext, Unreadable> {
 /// `handover`'s entries (none when the invocation is not gated: the caller's are removed all
 /// the same). Whatever is left out (no room within the Invoke API's limit) or removed
 /// (a caller's `flightlock*` entries) is logged as a warning on the current span.
-pub(super) fn hand_over(
-    headers: &mut HeaderMap,
-    caller: &CallerContext,
-    handover: Option<&Handover>,
-) {
+pub(super) fn write(headers: &mut HeaderMap, caller: &CallerContext, handover: Option<&Handover>) {
     let merged = caller.merge(handover);
     if merged.removed > 0 {
         tracing::warn!(
@@ -74,9 +70,9 @@ mod tests {
         }
     }
 
-    fn handed(headers: &mut HeaderMap) -> Result<serde_json::Value, Unreadable> {
+    fn written(headers: &mut HeaderMap) -> Result<serde_json::Value, Unreadable> {
         let caller = caller(headers)?;
-        hand_over(headers, &caller, Some(&ours()));
+        write(headers, &caller, Some(&ours()));
         assert_eq!(headers.get_all(CLIENT_CONTEXT_HEADER).iter().count(), 1);
         Ok(serde_json::from_slice(headers[CLIENT_CONTEXT_HEADER].as_bytes()).unwrap())
     }
@@ -88,7 +84,7 @@ mod tests {
             "Lambda-Runtime-Aws-Request-Id",
             HeaderValue::from_static("r1"),
         );
-        let v = handed(&mut headers).unwrap();
+        let v = written(&mut headers).unwrap();
         assert_eq!(v["custom"]["flightlockTicket"], "7");
         assert_eq!(headers["Lambda-Runtime-Aws-Request-Id"], "r1");
 
@@ -96,7 +92,7 @@ mod tests {
             CLIENT_CONTEXT_HEADER,
             HeaderValue::from_static(r#"{"env":{"a":"b"},"custom":{"flightlockTick":"t"}}"#),
         );
-        let v = handed(&mut headers).unwrap();
+        let v = written(&mut headers).unwrap();
         assert_eq!(v["env"]["a"], "b");
         assert_eq!(v["custom"]["flightlockKey"], "k");
         assert!(v["custom"].get("flightlockTick").is_none(), "{v}");
@@ -107,7 +103,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(CLIENT_CONTEXT_HEADER, HeaderValue::from_static("not json"));
         assert!(matches!(
-            handed(&mut headers),
+            written(&mut headers),
             Err(Unreadable::NotAnObject(_))
         ));
         // Two headers: which one a runtime client reads is not ours to guess.
@@ -117,6 +113,6 @@ mod tests {
             CLIENT_CONTEXT_HEADER,
             HeaderValue::from_static(r#"{"custom":{"flightlockTicket":"9"}}"#),
         );
-        assert_eq!(handed(&mut headers), Err(Unreadable::Repeated));
+        assert_eq!(written(&mut headers), Err(Unreadable::Repeated));
     }
 }
