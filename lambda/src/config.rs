@@ -61,7 +61,7 @@ pub const COALESCE: &str = "FLIGHTLOCK_COALESCE";
 pub const PERMITS: &str = "FLIGHTLOCK_PERMITS";
 /// Whether each invocation runs under its key (`on`), or none does and the handler locks what it
 /// needs itself ([`crate::records`]: the extension's lock API, the in-process layer's
-/// [`records`](crate::records())).
+/// `records()`).
 pub const GATE: &str = "FLIGHTLOCK_GATE";
 
 /// Every `FLIGHTLOCK_*` variable of the Lambda integration: what [`Config::from_map`] accepts.

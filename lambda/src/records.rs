@@ -1,7 +1,7 @@
 //! Locks a handler takes for itself while its invocation runs (a lock per record of a batch),
 //! all given back when the invocation ends: the one mechanism behind the extension's lock API
 //! (`flightlock_extension::lock_api`, for handlers in any language) and the in-process layer's
-//! [`records`](crate::records()) (feature `layer`, for Rust handlers).
+//! `flightlock_lambda::records()` (feature `layer`, for Rust handlers).
 //!
 //! One [`Records`] per invocation. Each acquisition is bounded by the invocation's deadline as
 //! the gate's is ([`decision_budget`]; the wait ends at the deadline minus
