@@ -252,9 +252,9 @@ impl Locker {
             };
             if let Some(crate::tick::Tick::Id(id)) = &opts.tick {
                 // A tick id is checked once the key is held: nobody else can record it now.
-                let store = &self.store;
+                let (store, clock) = (&self.store, &*self.clock);
                 let recorded = RELEASE_RETRY
-                    .send(RELEASE_BUDGET, &*self.clock, || {
+                    .send(clock.now() + RELEASE_BUDGET, clock, || {
                         store.tick_recorded(key, id)
                     })
                     .await;
@@ -345,25 +345,12 @@ impl Locker {
 
     /// Sends the request `send` makes until it is answered, retrying transient failures as an
     /// acquisition does until `give_up`.
-    pub(crate) async fn retrying<T, F, Fut>(
-        &self,
-        give_up: Instant,
-        mut send: F,
-    ) -> Result<T, Error>
+    pub(crate) async fn retrying<T, F, Fut>(&self, give_up: Instant, send: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Failure>>,
     {
-        let mut failures = 0;
-        loop {
-            match send().await {
-                Ok(v) => return Ok(v),
-                Err(f) => {
-                    failures += 1;
-                    retry_pause(f, failures, give_up, &*self.clock).await?;
-                }
-            }
-        }
+        ACQUIRE_RETRY.send(give_up, &*self.clock, send).await
     }
 
     /// The protocol's handle on the table.

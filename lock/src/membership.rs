@@ -391,7 +391,9 @@ impl Membership {
             Tick::At(t) if self.seat => Ok(Some(*t)),
             Tick::At(t) => {
                 let marked = RELEASE_RETRY
-                    .send(RELEASE_BUDGET, clock, || store.mark_done(key, *t))
+                    .send(clock.now() + RELEASE_BUDGET, clock, || {
+                        store.mark_done(key, *t)
+                    })
                     .await?;
                 if !marked {
                     tracing::warn!(key, tick = %tick, "a newer tick is marked done already; not marking ours");
@@ -402,7 +404,7 @@ impl Membership {
                 let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
                 let expires_at = ttl_seconds(clock.wall_ms().saturating_add(keep_ms));
                 RELEASE_RETRY
-                    .send(RELEASE_BUDGET, clock, || {
+                    .send(clock.now() + RELEASE_BUDGET, clock, || {
                         store.record_tick(key, id, expires_at)
                     })
                     .await?;

@@ -53,11 +53,11 @@ impl Policy {
         true
     }
 
-    /// Sends one request until it is answered, pausing between failures by this policy for up
-    /// to `budget` from now; a fatal failure, or the budget spent, is the error.
+    /// Sends one request until it is answered, pausing between failures by this policy until
+    /// `give_up`; a fatal failure, or the deadline passed, is the error.
     pub(crate) async fn send<T, F, Fut>(
         &self,
-        budget: Duration,
+        give_up: Instant,
         clock: &dyn Clock,
         mut send: F,
     ) -> Result<T, crate::error::Error>
@@ -65,7 +65,6 @@ impl Policy {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Failure>>,
     {
-        let give_up = clock.now() + budget;
         let mut attempt = 0;
         loop {
             match send().await {
