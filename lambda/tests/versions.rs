@@ -6,74 +6,22 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_dynamodb::Client;
 use flightlock::schema::seed;
-use flightlock::{Locker, PROTOCOL};
+use flightlock::PROTOCOL;
 use flightlock_lambda::config::Config;
 use flightlock_lambda::gate::{Gate, Outcome};
+use flightlock_testkit::env::{now_ms, Env};
 
 const NEWER: u32 = PROTOCOL + 1;
 
-/// A fresh table on the local server.
-struct Env {
-    endpoint: String,
-    client: Client,
-    table: String,
-}
-
-impl Env {
-    async fn new(name: &str) -> Env {
-        let t = flightlock_testkit::fresh_table(name).await;
-        Env {
-            endpoint: t.endpoint,
-            client: t.client,
-            table: t.table,
-        }
-    }
-
-    /// A locker with its own client (its own connection pool, like another process).
-    async fn locker(&self) -> Locker {
-        Locker::new(
-            flightlock_testkit::client(&self.endpoint).await,
-            &self.table,
-        )
-    }
-}
-
-fn now_ms() -> i64 {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    i64::try_from(since.as_millis()).unwrap()
-}
-
-fn s(v: &str) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-fn n(v: impl ToString) -> AttributeValue {
-    AttributeValue::N(v.to_string())
-}
-
-/// Writes `key` as a newer protocol would (as `lock/tests/protocol/versions.rs` does): a counter
-/// at protocol [`NEWER`] whose holder sits under attribute names this build does not know, and a
-/// dead queue row written under [`NEWER`].
+/// Writes `key` as a newer protocol would ([`seed::newer_key`], as `lock/tests/protocol/versions.rs`
+/// does): a counter at protocol [`NEWER`] whose holder sits under attribute names this build does
+/// not know, and a dead queue row written under [`NEWER`].
 async fn put_newer_key(env: &Env, key: &str) {
-    let live_until = now_ms() + 600_000;
-    let counter = HashMap::from([
-        ("pk".to_owned(), s(key)),
-        ("sk".to_owned(), s("counter")),
-        ("last".to_owned(), n(7)),
-        ("lastOwner".to_owned(), s("v2-holder:7")),
-        ("protocol".to_owned(), n(NEWER)),
-        ("holderOwner".to_owned(), s("v2-holder")),
-        ("holderTicket".to_owned(), n(7)),
-        ("holderLeaseUntilMs".to_owned(), n(live_until)),
-    ]);
-    let mut dead_row = seed::row(key, 6, "v2-gone", "r6", now_ms() - 3_600_000);
-    dead_row.insert("protocol".to_owned(), n(NEWER));
-    for item in [counter, dead_row] {
+    for item in seed::newer_key(key, now_ms()) {
         env.client
             .put_item()
             .table_name(&env.table)
@@ -91,7 +39,7 @@ async fn items(env: &Env, key: &str) -> BTreeMap<String, BTreeMap<String, String
         .query()
         .table_name(&env.table)
         .key_condition_expression("pk = :pk")
-        .expression_attribute_values(":pk", s(key))
+        .expression_attribute_values(":pk", AttributeValue::S(key.into()))
         .consistent_read(true)
         .send()
         .await
