@@ -122,22 +122,31 @@ async fn acquire_behind(env: &Env, holder: LockGuard, locker: &Locker) -> LockGu
 /// A (through the proxy, with `fault` on its first enqueue) and B race for the key. `contended`:
 /// H holds the key first and releases it while A's enqueue is still late, so A's enqueue is the
 /// transaction; otherwise the key is free and A's enqueue takes the seat.
+///
+/// The race is ordered by what the table and the proxy show, not by sleeps (a starved CI machine
+/// once took longer than a 150 ms head start to get A's request to the proxy): B starts once A's
+/// request has met the fault, and for a late *response* once A's write is in the table; H leaves
+/// once B is queued.
 async fn race_with_fault(name: &str, fault: Fault, contended: bool) -> Probe {
     let env = Env::new(name).await;
     let probe = Probe::default();
+    let late_response = matches!(fault, Fault::DelayResponse(_));
+    let (a, proxy) = env.proxied_locker().await;
     let h = if contended {
         let g = holder(&env).await;
         probe.enter("h", g.token());
         let ph = probe.clone();
+        let env_h = env.clone();
+        // H, A's row if its write is in, B.
+        let queued = if late_response { 3 } else { 2 };
         Some(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await; // B is queued by now
+            until_queue_len(&env_h, "k", queued).await;
             ph.leave();
             g.release().await.unwrap();
         }))
     } else {
         None
     };
-    let (a, proxy) = env.proxied_locker().await;
     let rule = if contended {
         on_transaction(fault)
     } else {
@@ -152,7 +161,11 @@ async fn race_with_fault(name: &str, fault: Fault, contended: bool) -> Probe {
         pa.leave();
         g.release().await.unwrap();
     });
-    tokio::time::sleep(Duration::from_millis(150)).await; // A's enqueue is in the proxy now
+    until_fault_applied(&proxy).await;
+    if late_response {
+        // A's write is in: H (if any) and A.
+        until_queue_len(&env, "k", if contended { 2 } else { 1 }).await;
+    }
     let b = env.locker().await;
     let g = env
         .within(
@@ -174,6 +187,21 @@ async fn race_with_fault(name: &str, fault: Fault, contended: bool) -> Probe {
     assert!(env.queue("k").await.is_empty());
     probe
 }
+
+/// Waits until the proxy has applied a fault (the request it holds has reached it).
+async fn until_fault_applied(proxy: &FaultProxy) {
+    for _ in 0..1000 {
+        if proxy.faults_applied() > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no fault applied within 10 s: {:?}", proxy.counts());
+}
+
+/// How long a late request is held: long enough for B to enqueue on a starved machine, shorter
+/// than the locker's 5 s attempt timeout (past it the SDK would retry, and the retry passes).
+const LATE_REQUEST: Duration = Duration::from_millis(2500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_response_delayed_after_the_write() {
@@ -199,7 +227,7 @@ async fn late_enqueue_response_delayed_after_the_write_behind_a_holder() {
 async fn late_enqueue_request_delayed_before_the_write() {
     // A's seat take arrives after B took the seat (and maybe left it): A's write must fail and A
     // must queue behind B, never take the seat with a lower ticket.
-    let delay = Fault::DelayRequest(Duration::from_millis(900));
+    let delay = Fault::DelayRequest(LATE_REQUEST);
     let probe = race_with_fault("latereq", delay, false).await;
     assert!(!probe.overlapped(), "two holders");
     assert_eq!(probe.order(), ["b", "a"]);
@@ -210,7 +238,7 @@ async fn late_enqueue_request_delayed_before_the_write() {
 async fn late_enqueue_request_delayed_before_the_write_behind_a_holder() {
     // A's transaction arrives after B took the next ticket: it must fail and A must queue behind
     // B, never insert a lower ticket.
-    let delay = Fault::DelayRequest(Duration::from_millis(900));
+    let delay = Fault::DelayRequest(LATE_REQUEST);
     let probe = race_with_fault("latereqh", delay, true).await;
     assert!(!probe.overlapped(), "two holders");
     assert_eq!(probe.order(), ["h", "b", "a"]);

@@ -63,6 +63,7 @@ pub async fn output_within(mut command: Command, bound: Duration, what: &str) ->
 }
 
 /// A fresh table on the local server.
+#[derive(Clone)]
 pub struct Env {
     /// The local server's endpoint.
     pub endpoint: String,
