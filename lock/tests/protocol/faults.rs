@@ -97,7 +97,7 @@ async fn assert_free(env: &Env, last: &str) {
 
 /// Another locker (not proxied) takes the key first: it holds the seat, ticket 1.
 async fn holder(env: &Env) -> LockGuard {
-    let g = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let g = env.locker().await.acquire("k", &steady()).await.unwrap();
     assert_eq!(g.token(), 1);
     g
 }
@@ -106,7 +106,7 @@ async fn holder(env: &Env) -> LockGuard {
 /// once the holder has released.
 async fn acquire_behind(env: &Env, holder: LockGuard, locker: &Locker) -> LockGuard {
     let waiter = locker.clone();
-    let task = tokio::spawn(async move { waiter.acquire("k", &fast()).await.unwrap() });
+    let task = tokio::spawn(async move { waiter.acquire("k", &steady()).await.unwrap() });
     until_queue_len(env, "k", 2).await;
     assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
     env.within(
@@ -391,7 +391,7 @@ async fn throttling_and_server_errors_are_retried() {
     let (locker, proxy) = env.proxied_locker().await;
     proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
     proxy.add_rule(on_seat_take(Fault::ServerError).times(4));
-    let g = locker.acquire("k", &fast()).await.unwrap();
+    let g = locker.acquire("k", &steady()).await.unwrap();
     assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
     assert_seated_once(&env, &g).await;
     fail_heartbeats_and_release(g, SEAT, &proxy).await;
