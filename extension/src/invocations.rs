@@ -218,11 +218,6 @@ impl Invocations {
         self.lock().remove(id);
     }
 
-    /// Takes every held lock (for shutdown).
-    pub fn take_all_held(&self) -> Vec<Held> {
-        self.lock().values().filter_map(|s| s.take_held()).collect()
-    }
-
     /// Every slot (for shutdown).
     pub fn all(&self) -> Vec<Arc<Slot>> {
         self.lock().values().cloned().collect()

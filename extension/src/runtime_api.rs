@@ -54,11 +54,6 @@ pub fn route(method: &Method, path: &str) -> Route {
     }
 }
 
-/// Path of `GET next`.
-pub fn next_path() -> String {
-    format!("/{VERSION}/runtime/invocation/next")
-}
-
 /// Path of the response of invocation `id`.
 pub fn response_path(id: &str) -> String {
     format!("/{VERSION}/runtime/invocation/{id}/response")

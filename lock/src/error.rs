@@ -285,11 +285,6 @@ impl Error {
     pub fn is_permits_mismatch(&self) -> bool {
         matches!(self, Error::PermitsMismatch { .. })
     }
-
-    /// True for [`Error::ProtocolTooNew`]: the key runs a newer protocol than this build.
-    pub fn is_protocol_too_new(&self) -> bool {
-        matches!(self, Error::ProtocolTooNew { .. })
-    }
 }
 
 /// The error a request failed with before it reached DynamoDB, when that failure is a setting to
