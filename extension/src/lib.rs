@@ -21,7 +21,6 @@
 //! | `crash_watch` | waits until an invocation is finished or its runtime's whole process tree is gone (used by `lifecycle` and the proxy) |
 //! | `telemetry` | Managed Instances: `platform.start` from the Telemetry API drives the unenforced check |
 //! | `peer` | which runtime process is on the other end of a proxy connection (`/proc/net/tcp` → socket → process → wrapped ancestor) |
-//! | `metrics` | CloudWatch EMF lines |
 //! | `otel` | with an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): spans of the lock wait and the hold in the invocation's trace, sent off the hot path, flushed at SHUTDOWN |
 //! | `body` | streamed bodies, end-of-body notification |
 //! | `build_info` | the version and commit of this build (the init log line names both) |
@@ -30,8 +29,9 @@
 //! | `runtime_process` | which processes are the runtime: a runtime whose whole process tree dies mid-invocation releases at once |
 //!
 //! Configuration is the `FLIGHTLOCK_*` table in [`flightlock_lambda::config`], plus the
-//! extension's own settings ([`config`]); user docs, the skip and error bodies and the metric names are in the guide (`docs/src/reference/responses.md`,
-//! `docs/src/reference/metrics.md`).
+//! extension's own settings ([`config`]). The CloudWatch EMF metrics are the in-process layer's,
+//! from [`flightlock_lambda::metrics`]. User docs, the skip and error bodies and the metric names
+//! are in the guide (`docs/src/reference/responses.md`, `docs/src/reference/metrics.md`).
 
 pub mod body;
 pub mod build_info;
@@ -41,7 +41,6 @@ pub mod extensions_api;
 pub mod invocations;
 pub mod lifecycle;
 pub mod lock_api;
-pub mod metrics;
 pub mod mode;
 pub mod otel;
 pub mod peer;

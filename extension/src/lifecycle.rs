@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lambda_extension::NextEvent;
 
 use crate::invocations::Slot;
-use crate::metrics::Metric;
+use flightlock_lambda::metrics::Metric;
 use crate::proxy::Proxy;
 
 /// How long after an INVOKE event (or a `platform.start`) the proxy must have fetched the event

@@ -58,7 +58,7 @@ use tracing::{field, Instrument};
 use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
 use crate::crash_watch::{self, WatchEnd, MAX_INVOCATION};
 use crate::invocations::{Invocations, Slot};
-use crate::metrics::{Metric, Metrics};
+use flightlock_lambda::metrics::{Metric, Metrics};
 use crate::mode::Mode;
 use crate::otel::spans::{self, HoldEnd, WaitEnd};
 use crate::otel::xray::TraceParent;
