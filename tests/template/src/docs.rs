@@ -4,7 +4,7 @@
 //! every CLI exit status is in the CLI reference (`docs/src/reference/cli.md`). The sentences
 //! that state a default, a field, an outcome, a figure or a file are checked in [`claims`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Command;
 
 use flightlock::{ClockSkew, Wait};
@@ -37,17 +37,48 @@ pub(crate) fn section<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Table rows whose first cell is a backticked `FLIGHTLOCK_*` name: name → the rest of the row.
-fn variable_rows<'a>(lines: &[&'a str]) -> HashMap<String, &'a str> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("| `FLIGHTLOCK_"))
-        .filter_map(|rest| rest.split_once("` |"))
-        .map(|(name, row)| (format!("FLIGHTLOCK_{name}"), row))
+/// The cells of a Markdown table row, trimmed.
+pub(crate) fn cells(line: &str) -> Vec<String> {
+    line.trim()
+        .trim_start_matches('|')
+        .trim_end_matches('|')
+        .split('|')
+        .map(|c| c.trim().to_owned())
         .collect()
 }
 
-fn names(rows: &HashMap<String, &str>) -> BTreeSet<String> {
+/// Table rows of `lines` whose first cell is one backticked word: word → the row's cells (the
+/// first included). Header rows (the line before `|---`) are not rows. The one reader of the
+/// guide's tables, for every check of them.
+pub(crate) fn table(lines: &[&str]) -> BTreeMap<String, Vec<String>> {
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| {
+            l.starts_with("| `")
+                && !lines
+                    .get(i + 1)
+                    .is_some_and(|next| next.replace(' ', "").starts_with("|---"))
+        })
+        .map(|(_, l)| cells(l))
+        .filter_map(|c| {
+            let first = c.first()?.strip_prefix('`')?.strip_suffix('`')?.to_owned();
+            (!first.contains('`')).then_some((first, c))
+        })
+        .collect()
+}
+
+/// Table rows whose first cell is a backticked `FLIGHTLOCK_*` name: name → the rest of the row,
+/// its cells joined with ` | `.
+fn variable_rows(lines: &[&str]) -> BTreeMap<String, String> {
+    table(lines)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("FLIGHTLOCK_"))
+        .map(|(name, cells)| (name, cells[1..].join(" | ")))
+        .collect()
+}
+
+fn names(rows: &BTreeMap<String, String>) -> BTreeSet<String> {
     rows.keys().cloned().collect()
 }
 
@@ -65,7 +96,7 @@ fn variable_rows_reads_only_variable_rows() {
     ];
     let rows = variable_rows(&lines);
     assert_eq!(names(&rows), known(&["FLIGHTLOCK_A"]));
-    assert_eq!(rows["FLIGHTLOCK_A"], " a | `1` |");
+    assert_eq!(rows["FLIGHTLOCK_A"], "a | `1`");
 }
 
 #[test]

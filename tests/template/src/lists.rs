@@ -11,22 +11,12 @@ use std::path::Path;
 use flightlock_lambda::config::{self, Config};
 use serde_yaml_ng::Value;
 
-use crate::docs::{read, section, CLI, CONFIGURATION};
+use crate::docs::{read, section, table, CLI, CONFIGURATION};
 use crate::params::doc_files;
 use crate::{load_template, repo_root};
 
 fn template() -> Value {
     load_template(&repo_root().join("template.yaml")).unwrap()
-}
-
-/// The first cells of a section's table rows that are one backticked word: word → the row.
-fn rows<'a>(lines: &[&'a str]) -> HashMap<String, &'a str> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("| `"))
-        .filter_map(|rest| rest.split_once("` |"))
-        .map(|(name, row)| (name.to_owned(), row))
-        .collect()
 }
 
 fn keys(map: &Value) -> BTreeSet<String> {
@@ -45,7 +35,7 @@ fn set<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> BTreeSet<String> {
 fn the_parameter_table_is_the_templates_with_its_defaults() {
     let t = template();
     let doc = read(CONFIGURATION);
-    let table = rows(&section(&doc, "## Template parameters"));
+    let table = table(&section(&doc, "## Template parameters"));
     assert_eq!(set(table.keys()), keys(&t["Parameters"]));
     for (name, row) in &table {
         let default = match &t["Parameters"][name.as_str()]["Default"] {
@@ -53,7 +43,7 @@ fn the_parameter_table_is_the_templates_with_its_defaults() {
             Value::Number(n) => n.to_string(),
             other => panic!("{name}: default {other:?}"),
         };
-        let cell = row.split(" | ").next().unwrap_or_default().trim();
+        let cell = row[1].as_str();
         if default.is_empty() {
             assert!(
                 cell.starts_with("empty"),
@@ -68,7 +58,7 @@ fn the_parameter_table_is_the_templates_with_its_defaults() {
 #[test]
 fn the_output_table_is_the_templates() {
     let doc = read(CONFIGURATION);
-    let table = rows(&section(&doc, "## Template outputs"));
+    let table = table(&section(&doc, "## Template outputs"));
     assert_eq!(set(table.keys()), keys(&template()["Outputs"]));
 }
 
@@ -91,9 +81,9 @@ fn gate_metrics() -> BTreeSet<String> {
 #[test]
 fn the_metric_tables_are_the_codes() {
     let doc = read("docs/src/reference/metrics.md");
-    let gate = rows(&section(&doc, "## Metrics of a gated function"));
+    let gate = table(&section(&doc, "## Metrics of a gated function"));
     assert_eq!(set(gate.keys()), gate_metrics());
-    let sweep = rows(&section(&doc, "## Metrics of the cleanup function"));
+    let sweep = table(&section(&doc, "## Metrics of the cleanup function"));
     let emf = flightlock_cleanup::metrics::emf("t", &flightlock::SweepSummary::default(), 0);
     let emitted: BTreeSet<String> = emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]
         .as_array()
@@ -165,7 +155,7 @@ fn the_cli_synopsis_and_option_table_list_every_option_of_the_code() {
         .and_then(|s| s.split("```").next())
         .expect("the synopsis block");
     assert_eq!(options_in(synopsis), code, "the synopsis");
-    let table = rows(&doc.lines().collect::<Vec<_>>());
+    let table = table(&doc.lines().collect::<Vec<_>>());
     let table: BTreeSet<String> = table
         .keys()
         .filter(|k| k.starts_with("--"))
@@ -221,7 +211,7 @@ fn the_library_option_table_is_lock_options_fields() {
         "{fields:?}"
     );
     let doc = read("docs/src/reference/library.md");
-    let table = rows(&section(&doc, "## Options"));
+    let table = table(&section(&doc, "## Options"));
     assert_eq!(set(table.keys()), fields);
 }
 

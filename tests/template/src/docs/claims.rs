@@ -30,39 +30,9 @@ use flightlock_lambda::body::{skipped_body, SkipReason};
 use flightlock_lambda::config::{self, Config};
 use serde_json::Value;
 
-use super::{read, section, CONFIGURATION};
+use super::{read, section, table, CONFIGURATION};
 use crate::params::doc_files;
 use crate::repo_root;
-
-/// The cells of a Markdown table row, trimmed.
-fn cells(line: &str) -> Vec<String> {
-    line.trim()
-        .trim_start_matches('|')
-        .trim_end_matches('|')
-        .split('|')
-        .map(|c| c.trim().to_owned())
-        .collect()
-}
-
-/// Table rows of `lines` whose first cell is one backticked word: word → the row's cells. Header
-/// rows (the line before `|---`) are not rows.
-fn table(lines: &[&str]) -> BTreeMap<String, Vec<String>> {
-    lines
-        .iter()
-        .enumerate()
-        .filter(|(i, l)| {
-            l.starts_with("| `")
-                && !lines
-                    .get(i + 1)
-                    .is_some_and(|next| next.replace(' ', "").starts_with("|---"))
-        })
-        .map(|(_, l)| cells(l))
-        .filter_map(|c| {
-            let first = c.first()?.strip_prefix('`')?.strip_suffix('`')?.to_owned();
-            (!first.contains('`')).then_some((first, c))
-        })
-        .collect()
-}
 
 /// A cell that is one literal in backticks: `` `x` `` → `x`.
 fn literal(cell: &str) -> Option<&str> {
