@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lambda_extension::NextEvent;
 
 use crate::invocations::Slot;
-use flightlock_lambda::metrics::Metric;
 use crate::proxy::Proxy;
+use flightlock_lambda::metrics::Metric;
 
 /// How long after an INVOKE event (or a `platform.start`) the proxy must have fetched the event
 /// for the invocation to count as enforced, once a runtime has connected to the proxy. Both are

@@ -58,7 +58,6 @@ use tracing::{field, Instrument};
 use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
 use crate::crash_watch::{self, WatchEnd, MAX_INVOCATION};
 use crate::invocations::{Invocations, Slot};
-use flightlock_lambda::metrics::{Metric, Metrics};
 use crate::mode::Mode;
 use crate::otel::spans::{self, HoldEnd, WaitEnd};
 use crate::otel::xray::TraceParent;
@@ -67,6 +66,7 @@ use crate::runtime_api::{
     error_path, response_path, route, usable_request_id, Route, DEADLINE_HEADER, ERROR_TYPE_HEADER,
     REQUEST_ID_HEADER, TENANT_HEADER, TRACE_ID_HEADER,
 };
+use flightlock_lambda::metrics::{Metric, Metrics};
 
 mod context;
 mod fetches;
