@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flightlock::Wait;
-use flightlock_lambda::body::redact_aws_ids;
 use flightlock_lambda::records::{RecordError, Records};
+use flightlock_lambda::responses::redact_aws_ids;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};

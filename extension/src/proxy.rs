@@ -38,10 +38,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use flightlock::Locker;
-use flightlock_lambda::body::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
 use flightlock_lambda::client_context::Handover;
 use flightlock_lambda::config::Config;
 use flightlock_lambda::gate::{Gate, Held, Outcome, Run};
+use flightlock_lambda::responses::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
@@ -686,7 +686,7 @@ impl Proxy {
                 error_type,
                 message,
             } => {
-                let body = flightlock_lambda::body::error_body(error_type, &message);
+                let body = flightlock_lambda::responses::error_body(error_type, &message);
                 self.answer(id, Some(error_type), &body).await;
                 if let Some((parent, start, decided)) = traced {
                     let key = self

@@ -28,7 +28,7 @@
 //! differ exactly there (Node.js and Python accept a lone surrogate `serde_json` refuses; one
 //! parser keeps the first of two equal names, another the last), so the extension could not know
 //! what the caller meant or the handler would read, and it fails the invocation before taking the
-//! lock, with `errorType` [`crate::body::CONTEXT_ERROR_TYPE`], rather than drop the
+//! lock, with `errorType` [`crate::responses::CONTEXT_ERROR_TYPE`], rather than drop the
 //! caller's context unannounced or hand it on unchecked. (Writing anew is what keeps forged
 //! entries out: a name given twice is refused so that no caller's entry is lost unannounced.) Contexts the Invoke API's callers actually send
 //! (the AWS SDKs' `ClientContext`, a JSON object of `client`, `custom` and `env`) are never

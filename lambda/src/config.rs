@@ -114,7 +114,7 @@ pub struct ConfigError {
 pub enum OnBusy {
     /// Answer it with a small JSON success body (`{"flightlock":{"skipped":true,...}}`).
     Skip,
-    /// Answer it with an invocation error of type [`super::body::BUSY_ERROR_TYPE`], so async
+    /// Answer it with an invocation error of type [`super::responses::BUSY_ERROR_TYPE`], so async
     /// retries apply.
     Error,
 }

@@ -31,13 +31,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::Instrument;
 
-use super::body::{
-    redact_aws_ids, skipped_body, SkipReason, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
-    PERMITS_ERROR_TYPE, PROTOCOL_ERROR_TYPE, TICK_ERROR_TYPE,
-};
 use super::client_context::Handover;
 use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
 use super::metrics::{Metric, Metrics};
+use super::responses::{
+    redact_aws_ids, skipped_body, SkipReason, BUSY_ERROR_TYPE, KEY_ERROR_TYPE, LOCK_ERROR_TYPE,
+    PERMITS_ERROR_TYPE, PROTOCOL_ERROR_TYPE, TICK_ERROR_TYPE,
+};
 use flightlock::tick::age;
 use flightlock::{Error, HolderInfo, LockGuard, LockOptions, Locker, ReleaseOutcome, Tick};
 
@@ -104,7 +104,7 @@ pub enum Outcome {
     /// Key busy, policy `skip`: answer the invocation with this success body.
     Skipped(serde_json::Value),
     /// Answer the invocation with an error: the Runtime API's error body
-    /// ([`super::body::error_body`]) in the extension, a `Diagnostic` of the same two fields
+    /// ([`super::responses::error_body`]) in the extension, a `Diagnostic` of the same two fields
     /// in the in-process layer.
     Failed {
         /// `FlightlockBusy`, `FlightlockKeyError` or `FlightlockLockError`.

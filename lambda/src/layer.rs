@@ -64,11 +64,11 @@ use lambda_runtime::{
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::body::KEY_ERROR_TYPE;
 use crate::client_context::{PREFIX, TICKET};
 use crate::config::{Config, ConfigError};
 use crate::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::records::Records;
+use crate::responses::KEY_ERROR_TYPE;
 use flightlock::Locker;
 
 tokio::task_local! {
@@ -330,7 +330,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::body::{skipped_body, SkipReason};
+    use crate::responses::{skipped_body, SkipReason};
 
     #[test]
     fn gated_serializes_transparently() {

@@ -29,13 +29,12 @@
 //! | [`key`] | the key templates ([`key::KeyTemplate`]): a lock key rendered from the event and the tenant id (pure) |
 //! | [`tick`] | the invocation's tick (`FLIGHTLOCK_TICK`: an EventBridge scheduled event's `time` by default, or a template) (pure) |
 //! | [`client_context`] | what the handler learns about its lock (ticket, key, wait, tick), merged into the invocation's client context (pure) |
-//! | [`body`] | the error types and the error / skip bodies an invocation is answered with (pure) |
+//! | [`responses`] | the error types and the error / skip bodies an invocation is answered with (pure) |
 //! | [`gate`] | one decision per invocation (key, tick, lock, skip or error, release marking the tick done or not) within the invocation's deadline |
 //! | [`metrics`] | the EMF lines the gate and the extension print |
 //! | [`records`] | locks a handler takes for itself while its invocation runs (a lock per record), all released when it ends: behind the extension's lock API and the layer's `records()` |
 //! | `layer` | `FlightlockLayer` (cargo feature `layer`): the tower layer around a `lambda_runtime` handler. Everything else builds without the feature: the extension uses the crate without `lambda_runtime` |
 
-pub mod body;
 pub mod client_context;
 pub mod config;
 pub mod gate;
@@ -44,6 +43,7 @@ pub mod key;
 mod layer;
 pub mod metrics;
 pub mod records;
+pub mod responses;
 pub mod tick;
 
 #[cfg(feature = "layer")]

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flightlock::{ClockSkew, Locker};
-use flightlock_lambda::body::{BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
 use flightlock_lambda::config::Config;
+use flightlock_lambda::responses::{BUSY_ERROR_TYPE, KEY_ERROR_TYPE};
 use flightlock_lambda::{FlightlockLayer, Gated};
 use lambda_runtime::tower::{ServiceBuilder, ServiceExt};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};

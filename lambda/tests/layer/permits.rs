@@ -3,7 +3,7 @@
 //! other permits than the key's fails the invocation with `FlightlockPermitsMismatch`, never a
 //! skip.
 
-use flightlock_lambda::body::PERMITS_ERROR_TYPE;
+use flightlock_lambda::responses::PERMITS_ERROR_TYPE;
 
 use super::*;
 

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use flightlock::tick::format_ms;
 use flightlock::Locker;
-use flightlock_lambda::body::TICK_ERROR_TYPE;
 use flightlock_lambda::config::Config;
+use flightlock_lambda::responses::TICK_ERROR_TYPE;
 use flightlock_lambda::{FlightlockLayer, Gated};
 use flightlock_testkit::events;
 use serde_json::{json, Value};
@@ -273,7 +273,10 @@ async fn stale_and_bad_ticks_are_answered_without_any_request() {
     )
     .await
     .unwrap_err();
-    assert_eq!(fresh.error_type, flightlock_lambda::body::LOCK_ERROR_TYPE);
+    assert_eq!(
+        fresh.error_type,
+        flightlock_lambda::responses::LOCK_ERROR_TYPE
+    );
     assert_eq!(probe.calls.load(Ordering::SeqCst), 0);
 }
 

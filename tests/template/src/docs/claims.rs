@@ -6,7 +6,7 @@
 //!   function's `Config`), the library's option defaults are `LockOptions::default()`, and the
 //!   CLI reference's defaults are the `default_value` and `env` of each option's `#[arg]`;
 //! - the error types of the responses reference are the `*_ERROR_TYPE` constants of
-//!   `lambda/src/body.rs`, and its skip reasons are `SkipReason`'s words;
+//!   `lambda/src/responses.rs`, and its skip reasons are `SkipReason`'s words;
 //! - every complete skip body the docs show has exactly the fields `skipped_body` writes, and
 //!   the cleanup page's sweep summary those of `SweepSummary`, with every `RowOutcome` listed;
 //! - the metric reference says which adapter emits each metric, as the code does;
@@ -26,8 +26,8 @@ use std::time::SystemTime;
 use flightlock::{parse_duration, ClockSkew, HeldBy, HolderInfo, LockOptions, Wait};
 use flightlock_cleanup::config as cleanup_config;
 use flightlock_extension::config::Settings;
-use flightlock_lambda::body::{skipped_body, SkipReason};
 use flightlock_lambda::config::{self, Config};
+use flightlock_lambda::responses::{skipped_body, SkipReason};
 use serde_json::Value;
 
 use super::{read, section, table, CONFIGURATION};
@@ -215,9 +215,9 @@ fn the_library_option_defaults_are_lock_options_default() {
     assert!(!library_option_problems(&broken).is_empty());
 }
 
-/// The values of `pub const *_ERROR_TYPE: &str = "..."` in `lambda/src/body.rs`.
+/// The values of `pub const *_ERROR_TYPE: &str = "..."` in `lambda/src/responses.rs`.
 fn error_types() -> BTreeSet<String> {
-    let found: BTreeSet<String> = read("lambda/src/body.rs")
+    let found: BTreeSet<String> = read("lambda/src/responses.rs")
         .lines()
         .filter_map(|l| l.strip_prefix("pub const "))
         .filter_map(|l| l.split_once("_ERROR_TYPE: &str = \""))
@@ -240,9 +240,9 @@ fn the_error_type_table_is_the_codes() {
     assert_ne!(error_type_table(&broken), error_types());
 }
 
-/// `SkipReason::X => "word"` in `lambda/src/body.rs`.
+/// `SkipReason::X => "word"` in `lambda/src/responses.rs`.
 fn skip_reasons() -> BTreeSet<String> {
-    let found: BTreeSet<String> = read("lambda/src/body.rs")
+    let found: BTreeSet<String> = read("lambda/src/responses.rs")
         .lines()
         .filter_map(|l| l.trim().strip_prefix("SkipReason::"))
         .filter_map(|l| l.split_once(" => \""))
