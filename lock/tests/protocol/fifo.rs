@@ -117,7 +117,7 @@ async fn uncontended_cycles_reuse_the_hint_and_tokens_keep_rising() {
 async fn one_process_hands_over_by_waking_alone() {
     let env = Env::new("local").await;
     // The holder is another process: its release wakes nobody here.
-    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
+    let holder = env.locker().await.acquire("k", &steady()).await.unwrap();
     let shared = env.locker().await;
     let opts = LockOptions {
         max_poll: Duration::from_secs(3600),
@@ -155,8 +155,8 @@ async fn one_process_hands_over_by_waking_alone() {
         }));
         until_queue_len(&env, "k", i + 2).await;
     }
-    // Past the give-up of w0.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Past the give-up of w0: its row is gone (the holder and w1–w3 are left).
+    until_queue_len(&env, "k", 4).await;
     holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(60), async {
         for t in tasks {

@@ -97,11 +97,12 @@ async fn a_free_permit_goes_to_the_earliest_waiter() {
             probe.leave();
             g.release().await.unwrap();
         }));
-        // Queued one after the other: tickets in this order.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Queued one after the other: tickets in this order (a, b, then the waiters so far).
+        until_queue_len(&env, "k", 3 + i).await;
     }
     a.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // w0 is in before the second permit frees up, so w1 cannot enter first.
+    until_entered(&probe, 1).await;
     b.release().await.unwrap();
     env.join_within(
         "k",

@@ -313,6 +313,17 @@ pub async fn until_queue_len(env: &Env, key: &str, n: usize) {
     );
 }
 
+/// Waits until `n` holders have entered `probe` (10 s at most).
+pub async fn until_entered(probe: &Probe, n: usize) {
+    for _ in 0..1000 {
+        if probe.order().len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} holders never entered: {:?}", probe.order());
+}
+
 /// Fails unless `tokens` strictly increase (fencing tokens of successive holders).
 pub fn assert_strictly_increasing(tokens: &[u64]) {
     assert!(
