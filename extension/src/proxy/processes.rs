@@ -8,6 +8,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::mode::Mode;
 use crate::runtime_process::{self, Proc};
@@ -35,6 +38,24 @@ impl Conn {
     }
 }
 
+/// After a search of `/proc` that found no runtime (standard mode), how long before the next:
+/// a search reads every process's `stat` and `environ`, about 3 ms per invocation on a host
+/// with 70 processes (measured by `extension_bench`, whose runtime is not wrapped). The runtime
+/// asks for its event before it is searched for, so a runtime not found then was not started
+/// through the wrapper, and a search at every invocation would not find it either.
+pub(super) const SEARCH_AGAIN_AFTER_MISS: Duration = Duration::from_secs(10);
+
+/// What is known of the runtime process (standard mode).
+#[derive(Debug, Clone, Copy)]
+enum Known {
+    /// Not searched for yet.
+    Unsearched,
+    /// Found (checked alive again before each use).
+    Found(Proc),
+    /// Searched for at this instant and not found.
+    Missed(Instant),
+}
+
 /// The runtime processes found so far, and how to find them.
 #[derive(Debug)]
 pub(super) struct Processes {
@@ -46,8 +67,8 @@ pub(super) struct Processes {
     port: u16,
     /// Where `/proc` is (a seam for tests).
     proc_root: PathBuf,
-    /// The runtime process last found (standard mode).
-    runtime: Mutex<Option<Proc>>,
+    /// The runtime process last found, or when a search last found none (standard mode).
+    runtime: Mutex<Known>,
     /// Set once "the runtime is not known" has been logged.
     unknown_logged: AtomicBool,
 }
@@ -59,7 +80,7 @@ impl Processes {
             mode,
             port,
             proc_root,
-            runtime: Mutex::new(None),
+            runtime: Mutex::new(Known::Unsearched),
             unknown_logged: AtomicBool::new(false),
         }
     }
@@ -91,7 +112,12 @@ impl Processes {
         if self.mode == Mode::ManagedInstances {
             return None;
         }
-        let cached = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        let known = *self.runtime.lock().unwrap_or_else(|e| e.into_inner());
+        let cached = match known {
+            Known::Found(p) => Some(p),
+            Known::Missed(at) if at.elapsed() < SEARCH_AGAIN_AFTER_MISS => return None,
+            Known::Missed(_) | Known::Unsearched => None,
+        };
         let root = self.proc_root.clone();
         let api = format!("127.0.0.1:{}", self.port);
         let found = tokio::task::spawn_blocking(move || match cached {
@@ -101,7 +127,10 @@ impl Processes {
         .await
         .ok()
         .flatten();
-        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = found;
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = match found {
+            Some(p) => Known::Found(p),
+            None => Known::Missed(Instant::now()),
+        };
         if found.is_none() && !self.unknown_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 "the runtime process is not known (not started through /opt/flightlock-wrapper): \
@@ -150,5 +179,60 @@ impl Processes {
             "runtime process of the connection"
         );
         runtime
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes process `pid` (started at `start`) into the fake `/proc` at `root`, with the
+    /// wrapper's marker and pointed at `127.0.0.1:port`.
+    fn wrapped_runtime(root: &Path, pid: u32, start: u64, port: u16) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let fields: Vec<String> = (4..=21)
+            .map(|n| {
+                if n == 4 {
+                    "1".to_owned()
+                } else {
+                    "0".to_owned()
+                }
+            })
+            .collect();
+        let stat = format!("{pid} (runtime) S {} {start} 0\n", fields.join(" "));
+        std::fs::write(dir.join("stat"), stat).unwrap();
+        let environ = format!(
+            "{}={pid}\0AWS_LAMBDA_RUNTIME_API=127.0.0.1:{port}\0",
+            runtime_process::PID_MARKER
+        );
+        std::fs::write(dir.join("environ"), environ).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_not_found_is_searched_for_again_only_after_a_while() {
+        let root = std::env::temp_dir().join(format!("flightlock-proc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let processes = Processes::new(root.clone(), 9009, Mode::Standard);
+        assert_eq!(processes.runtime().await, None, "an empty /proc");
+        wrapped_runtime(&root, 4242, 777, 9009);
+        let runtime = Some(Proc {
+            pid: 4242,
+            start: 777,
+        });
+        assert_eq!(
+            runtime_process::find_runtime(&root, "127.0.0.1:9009"),
+            runtime,
+            "the fake process is one the search finds"
+        );
+        // The miss is remembered: no search at every invocation.
+        tokio::time::advance(SEARCH_AGAIN_AFTER_MISS - Duration::from_secs(1)).await;
+        assert_eq!(processes.runtime().await, None);
+        // Then searched for again, found, and kept.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(processes.runtime().await, runtime);
+        assert_eq!(processes.runtime().await, runtime);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
