@@ -20,7 +20,7 @@ async fn twelve_contenders_never_overlap_and_lose_no_update() {
         let probe = probe.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
-                let guard = locker.acquire("shared", &steady()).await.unwrap();
+                let guard = locker.acquire("shared", &fast()).await.unwrap();
                 probe.enter(&format!("c{c}"), guard.token());
                 // Read-modify-write with a pause in between: any overlap loses an update.
                 let item = client
