@@ -50,7 +50,7 @@ use serde_json::{json, Value};
 
 use crate::body::{full, ProxyBody};
 use crate::config::SESSION_TOKEN;
-use crate::proxy::Proxy;
+use crate::invocations::Invocations;
 
 /// Every path of the API starts with this.
 pub const PATH_PREFIX: &str = "/flightlock/v1/";
@@ -247,14 +247,21 @@ fn not_in_flight(id: &str) -> Refusal {
     )
 }
 
-/// Answers one call.
-pub async fn serve(proxy: &Proxy, call: Call, req: Request<Incoming>) -> Response<ProxyBody> {
-    let answer = match authorize(proxy.api_token(), req.headers().get(TOKEN_HEADER)) {
+/// Answers one call: `token` is what callers must send (`None`: every call is refused), and
+/// `invocations` the invocations in flight in this environment, whose locks a call may take or
+/// free.
+pub async fn serve(
+    token: Option<&str>,
+    invocations: &Invocations,
+    call: Call,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let answer = match authorize(token, req.headers().get(TOKEN_HEADER)) {
         Err(refusal) => Err(refusal),
         Ok(()) => match call {
-            Call::Acquire(id) => acquire(proxy, &id, req).await,
-            Call::Release(id) => release(proxy, &id, req).await,
-            Call::List(id) => in_flight(proxy, &id).map(|records| {
+            Call::Acquire(id) => acquire(invocations, &id, req).await,
+            Call::Release(id) => release(invocations, &id, req).await,
+            Call::List(id) => in_flight(invocations, &id).map(|records| {
                 let locks: Vec<Value> = records
                     .held()
                     .into_iter()
@@ -292,8 +299,8 @@ type Answer = Result<(StatusCode, Value), Refusal>;
 
 /// The locks of invocation `id`, if it is in flight here (its event was handed to the runtime
 /// and it has not ended).
-fn in_flight(proxy: &Proxy, id: &str) -> Result<Arc<Records>, Refusal> {
-    match proxy.invocations().get(id) {
+fn in_flight(invocations: &Invocations, id: &str) -> Result<Arc<Records>, Refusal> {
+    match invocations.get(id) {
         Some(slot) if !slot.is_done() => slot.records().ok_or_else(|| not_in_flight(id)),
         _ => Err(not_in_flight(id)),
     }
@@ -315,8 +322,8 @@ async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, Refusal> {
     }
 }
 
-async fn acquire(proxy: &Proxy, id: &str, req: Request<Incoming>) -> Answer {
-    let records = in_flight(proxy, id)?;
+async fn acquire(invocations: &Invocations, id: &str, req: Request<Incoming>) -> Answer {
+    let records = in_flight(invocations, id)?;
     let body = parse_acquire(&read_body(req).await?)?;
     let wait = body.wait_ms.map(|ms| match ms {
         0 => Wait::NoWait,
@@ -337,8 +344,8 @@ async fn acquire(proxy: &Proxy, id: &str, req: Request<Incoming>) -> Answer {
     ))
 }
 
-async fn release(proxy: &Proxy, id: &str, req: Request<Incoming>) -> Answer {
-    let records = in_flight(proxy, id)?;
+async fn release(invocations: &Invocations, id: &str, req: Request<Incoming>) -> Answer {
+    let records = in_flight(invocations, id)?;
     let body = parse_release(&read_body(req).await?)?;
     records
         .release(&body.key)

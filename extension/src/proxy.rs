@@ -307,7 +307,9 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, Infallible> {
         if let Some(call) = crate::lock_api::route(req.method(), req.uri().path()) {
             return Ok(match call {
-                Ok(call) => crate::lock_api::serve(&self, call, req).await,
+                Ok(call) => {
+                    crate::lock_api::serve(self.api_token(), &self.invocations, call, req).await
+                }
                 Err(refusal) => crate::lock_api::refused(refusal),
             });
         }
