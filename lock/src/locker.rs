@@ -44,7 +44,7 @@ use crate::retry::Policy;
 use crate::schema::{validate_key, Snapshot};
 use crate::status::{KeyState, QueueEntry};
 use crate::storage::Dynamo;
-use crate::storage::{Failure, Storage, Store};
+use crate::storage::{Backend, Failure, Store};
 
 mod attempt;
 
@@ -68,7 +68,7 @@ pub struct Locker {
     memory: Arc<Memory>,
     observer: Arc<Mutex<Observer>>,
     /// The DynamoDB client, for checking the table when a request fails oddly (none on the
-    /// simulation's storage).
+    /// simulation's backend).
     admin: Option<Client>,
 }
 
@@ -107,10 +107,10 @@ impl Locker {
         locker
     }
 
-    /// A locker on any storage (the simulation's model of DynamoDB).
-    pub(crate) fn on(storage: Arc<dyn Storage>, table: &str) -> Locker {
+    /// A locker on any backend (the simulation's model of DynamoDB).
+    pub(crate) fn on(backend: Arc<dyn Backend>, table: &str) -> Locker {
         Locker {
-            store: Store::new(storage, table),
+            store: Store::new(backend, table),
             clock: Arc::new(SystemClock),
             memory: Arc::default(),
             observer: Arc::default(),
@@ -128,8 +128,8 @@ impl Locker {
     /// that one (the SDK shares it): it is the caller's to renew.
     pub fn renewed(&self) -> Locker {
         let Some(admin) = &self.admin else {
-            // The simulation's storage has no connections: forget the hints only.
-            let mut fresh = Locker::on(self.store.storage(), self.table());
+            // The simulation's backend has no connections: forget the hints only.
+            let mut fresh = Locker::on(self.store.backend(), self.table());
             fresh.clock = self.clock.clone();
             return fresh;
         };

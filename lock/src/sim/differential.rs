@@ -27,7 +27,7 @@ mod newer;
 use crate::schema::{HolderInfo, NewRow};
 use crate::storage::Dynamo;
 use crate::storage::{
-    Beat, EnqueueRequest, Failure, Item, Request, Response, ScanRequest, Storage, SweepDead,
+    Backend, Beat, EnqueueRequest, Failure, Item, Request, Response, ScanRequest, SweepDead,
 };
 
 const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
@@ -335,7 +335,7 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
     let client = flightlock_testkit::client(&endpoint).await;
     let table = flightlock_testkit::unique_table("differential");
     crate::table::create_table(&client, &table).await.unwrap();
-    let dynamo: Arc<dyn Storage> = Arc::new(Dynamo::new(client, &table));
+    let dynamo: Arc<dyn Backend> = Arc::new(Dynamo::new(client, &table));
     let mut model = Table::new(Instant::now(), 0);
     let run: u32 = rand::random();
     let mut kinds = BTreeMap::<String, u32>::new();

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::model::{Mutation, Table};
 use super::pacing::{Answered, Sending, Sent};
 use super::trace::Trace;
-use crate::storage::{Enqueue, Failure, Request, Response, Storage};
+use crate::storage::{Backend, Enqueue, Failure, Request, Response};
 
 mod clock;
 mod describe;
@@ -237,7 +237,7 @@ fn retry(operation: &'static str, what: &str, throttled: bool) -> Failure {
     }
 }
 
-impl Storage for Endpoint {
+impl Backend for Endpoint {
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
         let ep = self.clone();
         Box::pin(async move {

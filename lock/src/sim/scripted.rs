@@ -1,7 +1,7 @@
 //! A scripted schedule: the one way an acquisition's release of an old seat entry could empty its
 //! own new seat, were the seat's release conditioned on the owner alone.
 //!
-//! The script (a storage over the model that answers a few requests its own way):
+//! The script (a backend over the model that answers a few requests its own way):
 //! 1. The acquisition's first seat request (ticket 1) times out without landing.
 //! 2. Its retry is answered "no counter" (the counter was deleted and restored as it was: an
 //!    operator restoring a copy, which nothing can detect), so it reads the queue again and sends
@@ -26,7 +26,7 @@ use super::model::Table;
 use super::net::describe;
 use crate::options::{LockOptions, Wait};
 use crate::schema::Snapshot;
-use crate::storage::{Enqueue, Failure, Request, Response, Storage};
+use crate::storage::{Backend, Enqueue, Failure, Request, Response};
 use crate::Locker;
 
 #[derive(Debug)]
@@ -85,7 +85,7 @@ impl Scripted {
 #[derive(Debug)]
 struct Shared(Arc<Scripted>);
 
-impl Storage for Shared {
+impl Backend for Shared {
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
         let result = self.0.answer(request);
         Box::pin(async move { result })

@@ -1,7 +1,7 @@
 //! A scripted schedule: a waiter whose own lease runs out while its last look is in flight must
 //! not be granted on that look (the guard in `locker/attempt.rs`), or two participants hold the key.
 //!
-//! The script (a storage over the model that answers a few requests its own way), lease 1 s,
+//! The script (a backend over the model that answers a few requests its own way), lease 1 s,
 //! allowance 100 ms, everyone's wall clock the same:
 //! 1. `h` takes the seat (ticket 1); `x` queues behind it (ticket 2), then `p` (ticket 3).
 //! 2. Every heartbeat of `x` is refused: its lease runs out a lease after its enqueue was sent.
@@ -34,7 +34,7 @@ use super::net::{describe, SimClock};
 use super::scenario::EPOCH_MS;
 use crate::mutant::{plant, Mutant};
 use crate::options::{ClockSkew, LockOptions, Wait};
-use crate::storage::{Failure, Range, Request, Response, Storage};
+use crate::storage::{Backend, Failure, Range, Request, Response};
 use crate::Locker;
 
 const LEASE: Duration = Duration::from_secs(1);
@@ -157,7 +157,7 @@ impl Script {
 #[derive(Debug)]
 struct Named(Arc<Script>, &'static str);
 
-impl Storage for Named {
+impl Backend for Named {
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
         self.0.answer(self.1, request)
     }

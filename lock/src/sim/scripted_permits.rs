@@ -37,7 +37,7 @@ use super::scenario::EPOCH_MS;
 use crate::mutant::{plant, Mutant};
 use crate::options::{LockOptions, Wait};
 use crate::schema::{self, seed, COUNTER_SK, SK};
-use crate::storage::{Failure, Request, Response, Storage};
+use crate::storage::{Backend, Failure, Request, Response};
 use crate::{Error, LockGuard, Locker, LostReason};
 
 const KEY: &str = "k";
@@ -97,7 +97,7 @@ impl Direct {
     }
 }
 
-impl Storage for Direct {
+impl Backend for Direct {
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
         let mut table = self.table.lock().unwrap();
         let result = table.apply(&request, Instant::now());

@@ -3,7 +3,7 @@
 //! on simulated time.
 //!
 //! Every participant is a real [`Locker`] over the model ([`super::model::Table`]) behind a
-//! faulty storage. The key starts at `from` permits (1: protocol 1; 2: protocol 2) and its
+//! faulty backend. The key starts at `from` permits (1: protocol 1; 2: protocol 2) and its
 //! participants contend; participants configured with the other number, `to`, are deployed at
 //! random times, some before the switch and some after; an operator switches the key from
 //! `from` to `to` as `flightlock permits --set` does (one conditional write of the counter:
@@ -41,7 +41,7 @@ use super::scenario::EPOCH_MS;
 use crate::error::Error;
 use crate::options::{LockOptions, Wait};
 use crate::schema::{self, COUNTER_SK, SK};
-use crate::storage::{Failure, Request, Response, Storage};
+use crate::storage::{Backend, Failure, Request, Response};
 use crate::{Locker, LostSignal};
 
 const KEY: &str = "k";
@@ -145,7 +145,7 @@ impl World {
     }
 }
 
-/// A participant's storage: the model behind delays, refusals, answers lost after the write,
+/// A participant's backend: the model behind delays, refusals, answers lost after the write,
 /// and a crash (from then on nothing is sent or answered).
 #[derive(Clone)]
 struct Faulty {
@@ -160,7 +160,7 @@ impl std::fmt::Debug for Faulty {
     }
 }
 
-impl Storage for Faulty {
+impl Backend for Faulty {
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>> {
         let this = self.clone();
         Box::pin(async move {
@@ -229,13 +229,13 @@ impl Storage for Faulty {
 }
 
 fn locker(world: &Arc<World>, name: &str, seed: u64, dead: &Arc<AtomicBool>) -> Locker {
-    let storage = Faulty {
+    let backend = Faulty {
         world: world.clone(),
         dead: dead.clone(),
         name: name.to_owned(),
     };
     let clock = SimClock::new(EPOCH_MS, world.origin, 0, 0, seed);
-    Locker::on(Arc::new(storage), "upgrade").with_clock(Arc::new(clock))
+    Locker::on(Arc::new(backend), "upgrade").with_clock(Arc::new(clock))
 }
 
 fn options(rng: &mut StdRng, permits: u32) -> LockOptions {

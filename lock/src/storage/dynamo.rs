@@ -29,8 +29,8 @@ use super::answers::{
     seat_release_refused,
 };
 use super::{
-    counter_key, entry_key, row_key, Beat, Enqueue, EnqueueRequest, Failure, Item, Owned,
-    PermitsSet, Range, Renewal, Request, Response, Speaks, Storage,
+    counter_key, entry_key, row_key, Backend, Beat, Enqueue, EnqueueRequest, Failure, Item, Owned,
+    PermitsSet, Range, Renewal, Request, Response, Speaks,
 };
 use crate::error::{BoxError, Error};
 use crate::protocol::{self, PERMITS_NAME, PERMITS_VALUE};
@@ -75,7 +75,7 @@ impl aws_sdk_dynamodb::config::Intercept for Answered {
     }
 }
 
-impl Storage for Dynamo {
+impl Backend for Dynamo {
     fn answered(&self) -> bool {
         self.answered.load(Ordering::Relaxed)
     }

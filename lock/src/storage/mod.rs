@@ -1,7 +1,7 @@
 //! The storage seam: the requests the protocol makes, as values.
 //!
 //! The protocol (`locker.rs`, `membership.rs`) never talks to DynamoDB directly. It builds a
-//! [`Request`], hands it to a [`Storage`], and gets back a [`Response`] or a [`Failure`]. Two
+//! [`Request`], hands it to a [`Backend`], and gets back a [`Response`] or a [`Failure`]. Two
 //! implementations exist:
 //!
 //! - [`Dynamo`] (`dynamo.rs`): one DynamoDB API call per request (production, and every test
@@ -11,12 +11,14 @@
 //!   through schedules no real server can be pushed into. A differential test sends the same
 //!   requests to both and compares the answers.
 //!
-//! Requests are owned values, and a storage returns a `'static` future: a request that the caller
+//! Requests are owned values, and a backend returns a `'static` future: a request that the caller
 //! stops waiting for (a timeout, a dropped acquisition) may still land later, exactly as on a
 //! real network, and the simulation needs to be able to make that happen.
 //!
-//! [`Store`] is the protocol's handle: the storage, plus typed helpers that make one request each
-//! and unpack its answer, plus the tracker of background releases.
+//! One word each: a **backend** is where requests go (the trait [`Backend`]; [`Dynamo`] is the
+//! DynamoDB one), and the **store** ([`Store`]) is the protocol's handle on a backend: typed
+//! helpers that make one request each and unpack its answer, plus the tracker of background
+//! releases. "Storage" names only this module, the seam between them and the protocol.
 
 pub(crate) mod answers;
 mod dynamo;
@@ -453,12 +455,12 @@ impl Failure {
 
 /// Where requests go. Implementations must be cheap to call concurrently; the returned future
 /// owns everything it needs (see the module docs).
-pub(crate) trait Storage: Send + Sync + fmt::Debug + 'static {
+pub(crate) trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Sends one request.
     fn call(&self, request: Request) -> BoxFuture<'static, Result<Response, Failure>>;
 
     /// Whether any request has been answered (by the table or anything at its endpoint). An
-    /// in-memory storage always answers.
+    /// in-memory backend always answers.
     fn answered(&self) -> bool {
         true
     }

@@ -1,4 +1,4 @@
-//! [`Store`]: the protocol's handle on a storage. Typed helpers that make one request each and
+//! [`Store`]: the protocol's handle on a backend. Typed helpers that make one request each and
 //! unpack its answer, plus the tracker of background releases.
 
 use std::sync::Arc;
@@ -6,17 +6,17 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::{
-    Beat, Enqueue, EnqueueRequest, Failure, Item, Owned, PermitsSet, Range, Renewal, Request,
-    Response, ScanRequest, StaleDelete, Storage, SweepDead,
+    Backend, Beat, Enqueue, EnqueueRequest, Failure, Item, Owned, PermitsSet, Range, Renewal,
+    Request, Response, ScanRequest, StaleDelete, SweepDead,
 };
 use crate::error::Error;
 use crate::protocol::Speaks;
 use crate::schema::{Counter, QueueRow, Snapshot, COUNTER_SK, SK};
 
-/// The protocol's handle on a storage: typed requests, one each, and the background releases.
+/// The protocol's handle on a backend: typed requests, one each, and the background releases.
 #[derive(Clone, Debug)]
 pub(crate) struct Store {
-    storage: Arc<dyn Storage>,
+    backend: Arc<dyn Backend>,
     table: Arc<str>,
     /// Background releases (of dropped guards and cancelled acquisitions), so a process can wait
     /// for them before exiting.
@@ -32,17 +32,17 @@ struct WrongResponse {
 }
 
 impl Store {
-    pub(crate) fn new(storage: Arc<dyn Storage>, table: &str) -> Store {
+    pub(crate) fn new(backend: Arc<dyn Backend>, table: &str) -> Store {
         Store {
-            storage,
+            backend,
             table: table.into(),
             background: tokio_util::task::TaskTracker::new(),
         }
     }
 
-    /// The storage behind this store.
-    pub(crate) fn storage(&self) -> Arc<dyn Storage> {
-        self.storage.clone()
+    /// The backend behind this store.
+    pub(crate) fn backend(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
     }
 
     pub(crate) fn background(&self) -> &tokio_util::task::TaskTracker {
@@ -55,11 +55,11 @@ impl Store {
 
     /// Whether the table (or anything at its endpoint) has ever answered this store.
     pub(crate) fn answered(&self) -> bool {
-        self.storage.answered()
+        self.backend.answered()
     }
 
     pub(super) async fn call(&self, request: Request) -> Result<Response, Failure> {
-        self.storage.call(request).await
+        self.backend.call(request).await
     }
 
     pub(super) fn wrong(operation: &'static str, got: Response) -> Failure {

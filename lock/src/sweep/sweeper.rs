@@ -17,7 +17,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::retry::Policy;
 use crate::schema::{self, QueueRow, COUNTER_SK, PK, QUEUE_PREFIX, SK};
-use crate::storage::{Dynamo, Failure, Item, ScanRequest, StaleDelete, Storage, Store, SweepDead};
+use crate::storage::{Backend, Dynamo, Failure, Item, ScanRequest, StaleDelete, Store, SweepDead};
 
 /// The sweeper's retries: on top of the SDK's own, within the sweep's budget.
 const RETRY: Policy = Policy {
@@ -46,10 +46,10 @@ impl Sweeper {
         Sweeper::on(Arc::new(Dynamo::new(client, table)), table)
     }
 
-    /// A sweeper for `table` behind any storage (the simulation passes its model's endpoint).
-    pub(crate) fn on(storage: Arc<dyn Storage>, table: &str) -> Sweeper {
+    /// A sweeper for `table` behind any backend (the simulation passes its model's endpoint).
+    pub(crate) fn on(backend: Arc<dyn Backend>, table: &str) -> Sweeper {
         Sweeper {
-            store: Store::new(storage, table),
+            store: Store::new(backend, table),
             clock: Arc::new(SystemClock),
         }
     }
