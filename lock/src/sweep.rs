@@ -14,73 +14,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## What is deleted
+//! A row is **dead** when the sweeper's wall clock is past `leaseUntilMs + grace` ([`is_dead`]).
+//! Each dead row is removed only if it is still the dead row that was read (same `owner`, same
+//! `rvn`, lease still before the cutoff: the storage seam's `SweepDead` request); a dead seat is
+//! vacated by the same condition and its counter stays. Counters and live rows are never
+//! deleted; a sweep is idempotent, and one given a budget ([`SweepOptions::budget`]) stops
+//! cleanly and says where to resume ([`ResumePoint`]).
 //!
-//! A row is **dead** when the sweeper's wall clock is past `leaseUntilMs + grace`
-//! ([`is_dead`]). Each dead row is removed with a `DeleteItem` conditioned on the row still being
-//! the dead row that was read: same `owner`, same `rvn`, and `leaseUntilMs` still before the
-//! cutoff. A heartbeat that lands between the read and the delete changes the `rvn` (and
-//! `leaseUntilMs`), so the delete fails and the row survives ([`SweepSummary::revived`]). A row
-//! already removed by a waiter or TTL is counted as [`SweepSummary::already_gone`].
-//!
-//! - **Counters** (`sk = "counter"`) are never deleted. A counter whose seat (see
-//!   [`crate::schema`]) holds a dead entry is *vacated*: an `UpdateItem` removes the seat's
-//!   attributes under the same condition as a row's delete, and the counter stays. TTL never
-//!   removes a seat (a counter has no `expiresAt`), so a dead seat is left for the next
-//!   acquirer or the sweeper. Every delete key is rebuilt from a decoded ticket.
-//! - **Live rows** are never deleted: the filter (`leaseUntilMs < :cutoff`) is only a bandwidth
-//!   saving. The decision is made again on the client from the decoded row, and a third time by
-//!   the delete's condition.
-//! - **Idempotent**: a second sweep finds nothing to do; deleting a gone row is a no-op outcome.
-//!
-//! ## Choosing the grace
-//!
-//! A participant treats a row as dead once its own clock is past `leaseUntilMs` plus its
-//! clock-skew allowance ([`ClockSkew::Bounded`](crate::ClockSkew)). The sweeper must never be
-//! earlier than that, so `grace` must be at least the largest clock-skew allowance any
-//! participant uses **plus** how far the sweeper's own clock may be ahead. The default, 10
-//! minutes, is far above the lock's default allowance (1 s) and cheap: a dead row that lives 10
-//! minutes longer costs nothing, since waiters pass dead rows over on their own. Clock-free
-//! participants (`ClockSkew::Unbounded`) do not read `leaseUntilMs`; for them the grace is how
-//! long after its lease end a row's owner must have stopped heartbeating, which holds whenever
-//! the writer's wall clock is not behind the sweeper's by more than the grace.
-//!
-//! ## What a sweep reads, and what it costs
-//!
-//! One `Scan` of the whole table (paginated with `ExclusiveStartKey`, optionally split into
-//! parallel segments), eventually consistent, with
-//! `FilterExpression: (begins_with(sk, :q) OR sk = :counter) AND leaseUntilMs < :cutoff` and a
-//! `ProjectionExpression` of the attributes the decision needs. DynamoDB bills a Scan on the
-//! items it *reads*, before the filter and the projection: per page, the summed size of the
-//! items read, rounded up to 4 KB, at 0.5 read units per 4 KB when eventually consistent.
-//!
-//! On a table with **100,000 idle keys** the reads are the 100,000 counter items (pk = the key,
-//! `sk = "counter"`, `last`): 62 bytes each on average, 7 Scan pages of 1 MB, **829.5** read
-//! request units per sweep, measured by `examples/sweep_bench.rs` on DynamoDB Local (which
-//! reports consumed capacity like DynamoDB). Each dead row deleted costs one write unit (a
-//! failed conditional delete too). What that costs in money: the guide's Cost page
-//! (`docs/src/operations/cost.md`), the one place for cost figures.
-//!
-//! The alternative is a sparse GSI keyed on `leaseUntilMs` (projected only from queue rows), so
-//! a sweep would `Query` just the dead rows and read almost nothing. But `leaseUntilMs` changes
-//! at every heartbeat, and changing an index key attribute costs the index a delete plus a put:
-//! **two extra write units per heartbeat** (plus one per enqueue and release), on the hot path of
-//! every lock user, and a GSI needs a partition key that would have to be sharded to avoid a hot
-//! partition. One holder heartbeating every 6.7 s (20 s lease) makes ~390,000 heartbeats a month:
-//! ≈ 780,000 index write units — so two busy keys already cost as much as scanning 100,000 idle
-//! keys every 5 minutes, and the cost grows with lock traffic instead of with how often one
-//! chooses to sweep. The sweep is a backstop (waiters and TTL also clean up), so its frequency
-//! can be turned down freely. We chose the Scan: the hot path stays at one write per heartbeat,
-//! there is no index to keep consistent, and the sweep's cost is visible and tunable.
-//!
-//! ## Budget and resumption
-//!
-//! A sweep may be given a time budget ([`SweepOptions::budget`]). When it is spent, no new page
-//! is read and no new delete starts; deletes in flight finish. The summary then says
-//! `complete: false` and, per unfinished segment, where to resume ([`ResumePoint`]): the start key
-//! of the first page not fully handled, so nothing is skipped (re-reading a page is harmless:
-//! the sweep is idempotent). Pass the points back in [`SweepOptions::resume`] to continue.
-
+//! Why each rule holds, how to choose the grace and what a sweep costs (and why it scans rather
+//! than keep an index): the guide's Cleanup and Cost pages (`docs/src/operations/cleanup.md`,
+//! `docs/src/operations/cost.md`).
 //!
 //! ## Layout
 //!
