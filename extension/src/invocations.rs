@@ -7,13 +7,14 @@
 //! removes it.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use crate::otel::HoldTrace;
-use crate::runtime_process::Proc;
+use crate::processes::runtime::{Proc, RuntimeTree};
 use flightlock_lambda::records::Records;
 
 /// Finished slots that nobody collected are dropped after this long (bounds memory if an INVOKE
@@ -239,6 +240,69 @@ impl Invocations {
     /// True if there are no slots.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The longest a Lambda invocation can run (15 min): the bound of a watch whose event carried
+/// no deadline.
+pub const MAX_INVOCATION: Duration = Duration::from_secs(900);
+
+/// How often a watch checks that the runtime process is still there.
+const RUNTIME_CHECK: Duration = Duration::from_millis(100);
+
+/// How a watch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEnd {
+    /// The invocation was finished (answered and released).
+    Done,
+    /// The runtime that got the event is gone, with its whole process tree, and the invocation
+    /// is not finished: its lock is to be released now.
+    RuntimeGone {
+        /// The pid of the runtime process (the root of the tree).
+        pid: u32,
+    },
+    /// The limit passed with the invocation unfinished.
+    TimedOut,
+}
+
+impl Slot {
+    /// The crash watch: waits until this invocation is finished, at most `limit`, checking every
+    /// 100 ms that its runtime (recorded when the event is handed over) is alive; processes are
+    /// read under `proc_root`. A runtime that is not known is never taken for dead.
+    ///
+    /// Used by the INVOKE handler ([`crate::lifecycle`]) and, on Lambda Managed Instances, by the
+    /// proxy when it hands an event over; what to do when the runtime is gone (release the lock)
+    /// is the caller's.
+    pub async fn watch(&self, proc_root: &Path, limit: Duration) -> WatchEnd {
+        let end = tokio::time::Instant::now() + limit;
+        let mut tree = None;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= end {
+                return WatchEnd::TimedOut;
+            }
+            if self.wait_done(RUNTIME_CHECK.min(end - now)).await {
+                return WatchEnd::Done;
+            }
+            // The proxy records the runtime when it hands the event over.
+            let Some(root) = self.runtime() else {
+                continue;
+            };
+            let mut t = tree.take().unwrap_or_else(|| RuntimeTree::new(root));
+            let proc_root: PathBuf = proc_root.to_owned();
+            let Ok((t, alive)) = tokio::task::spawn_blocking(move || {
+                let alive = t.alive(&proc_root);
+                (t, alive)
+            })
+            .await
+            else {
+                continue;
+            };
+            tree = Some(t);
+            if !alive && !self.is_done() {
+                return WatchEnd::RuntimeGone { pid: root.pid };
+            }
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! lock is not enforced, which is logged as an error and counted.
 //!
 //! Lambda Managed Instances (no INVOKE events): the proxy starts the same crash watch
-//! ([`crate::crash_watch`]) itself when it hands an event to a runtime process, and the
+//! ([`crate::invocations::Slot::watch`]) itself when it hands an event to a runtime process, and the
 //! Telemetry API's `platform.start` drives the unenforced check ([`check_enforced`]).
 
 use std::sync::Arc;

@@ -27,8 +27,9 @@
 //! (fetch and gate), admitting an event (the decision, its answer upstream, the wait and hold
 //! spans) and releasing it. Its sub-modules each own a concern and its state, reached through
 //! their own methods: `fetches` (the fetch tasks of `GET next`, and what a disconnected
-//! runtime left), `processes` (which runtime process gets each event, standard or Managed
-//! Instances) and `context` (the caller's client context read, and the handler's written).
+//! runtime left) and `context` (the caller's client context read, and the handler's written).
+//! Which runtime process gets each event is [`crate::processes`]'s, and the crash watch of an
+//! invocation [`Slot::watch`].
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -56,8 +57,7 @@ use tokio::sync::Semaphore;
 use tracing::{field, Instrument};
 
 use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
-use crate::crash_watch::{self, WatchEnd, MAX_INVOCATION};
-use crate::invocations::{Invocations, Slot};
+use crate::invocations::{Invocations, Slot, WatchEnd, MAX_INVOCATION};
 use crate::mode::Mode;
 use crate::otel::spans::{self, HoldEnd, WaitEnd};
 use crate::otel::xray::TraceParent;
@@ -70,11 +70,10 @@ use flightlock_lambda::metrics::{Metric, Metrics};
 
 mod context;
 mod fetches;
-mod processes;
 
+use crate::processes::{Conn, Processes};
 use fetches::{Fetched, Fetches};
 pub use flightlock_lambda::gate::{decision_budget, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
-use processes::{Conn, Processes};
 
 /// Limits on what runtime connections can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -812,11 +811,11 @@ impl Proxy {
     }
 
     /// Waits until the invocation of `slot` is finished, at most `limit` (see
-    /// [`crate::crash_watch`]). If the runtime that got the event dies first, with every
+    /// [`Slot::watch`]). If the runtime that got the event dies first, with every
     /// process it started, releases the lock at once (the run failed: its tick stays for the
     /// retries) and counts the invocation as finished. False: `limit` passed first.
     pub async fn watch_until_done(&self, slot: &Slot, id: &str, limit: Duration) -> bool {
-        match crash_watch::watch(self.processes.proc_root(), slot, limit).await {
+        match slot.watch(self.processes.proc_root(), limit).await {
             WatchEnd::Done => true,
             WatchEnd::TimedOut => false,
             WatchEnd::RuntimeGone { pid } => {

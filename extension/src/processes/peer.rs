@@ -7,18 +7,18 @@
 //!    whose remote address is the proxy's: that line gives the socket's inode.
 //! 2. The processes holding that socket have a `/proc/<pid>/fd/*` link to `socket:[inode]`.
 //! 3. From each holder, walk up the parents to the wrapped runtime: the process whose environment
-//!    has [`PID_MARKER`] equal to its own pid (see [`crate::runtime_process`]). For a runtime
+//!    has [`PID_MARKER`] equal to its own pid (see [`super::runtime`]). For a runtime
 //!    that speaks HTTP itself (awslambdaric, aws-lambda-ric, `lambda_runtime`) that is the holder
 //!    itself; for a bash runtime the holder is a short-lived `curl` and the runtime is its parent.
 //!
 //! The answer is the runtime process, never the short-lived client: the crash watch then follows
-//! the runtime's whole tree (see [`crate::runtime_process::RuntimeTree`]). Anything unreadable
+//! the runtime's whole tree (see [`super::runtime::RuntimeTree`]). Anything unreadable
 //! gives `None` ("unknown"): nothing is released early then.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
-use crate::runtime_process::{environ_has, parse_stat, Proc, Stat, PID_MARKER};
+use super::runtime::{environ_has, parse_stat, Proc, Stat, PID_MARKER};
 
 /// Parses an address of `/proc/net/tcp` (`0100007F:1F91`) or `/proc/net/tcp6` (32 hex digits,
 /// then the port). The kernel prints each 32-bit word of the address as a number in the host's

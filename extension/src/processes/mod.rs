@@ -1,7 +1,7 @@
 //! Which runtime process gets an event, so that an invocation whose runtime dies mid-way is
 //! released at once: the one runtime process the wrapper exec'd (standard), or the process on
 //! the other end of each runtime connection (Lambda Managed Instances, where several runtime
-//! processes share one proxy). Finding them is [`crate::runtime_process`] and [`crate::peer`];
+//! processes share one proxy). Finding them is [`runtime`] and [`peer`];
 //! this module remembers what was found.
 
 use std::net::SocketAddr;
@@ -13,7 +13,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::mode::Mode;
-use crate::runtime_process::{self, Proc};
+use runtime::Proc;
+
+pub mod peer;
+pub mod runtime;
 
 /// The two ends of a runtime connection.
 #[derive(Debug, Clone)]
@@ -106,7 +109,7 @@ impl Processes {
     }
 
     /// The runtime process (the one the wrapper exec'd, pointed at this proxy's port), if it
-    /// can be known; see [`runtime_process`]. `None` on Managed Instances: there each
+    /// can be known; see [`runtime`]. `None` on Managed Instances: there each
     /// connection's is found by [`Processes::of_connection`].
     pub(super) async fn runtime(&self) -> Option<Proc> {
         if self.mode == Mode::ManagedInstances {
@@ -121,8 +124,8 @@ impl Processes {
         let root = self.proc_root.clone();
         let api = format!("127.0.0.1:{}", self.port);
         let found = tokio::task::spawn_blocking(move || match cached {
-            Some(p) if runtime_process::is_alive(&root, p) => Some(p),
-            _ => runtime_process::find_runtime(&root, &api),
+            Some(p) if runtime::is_alive(&root, p) => Some(p),
+            _ => runtime::find_runtime(&root, &api),
         })
         .await
         .ok()
@@ -142,7 +145,7 @@ impl Processes {
     }
 
     /// The runtime process on the other end of `conn` (Managed Instances), which is about to
-    /// get invocation `id`, if it can be known; see [`crate::peer`].
+    /// get invocation `id`, if it can be known; see [`peer`].
     pub(super) async fn of_connection(&self, conn: &Conn, id: &str) -> Option<Proc> {
         let cached = conn.runtime.get().copied();
         let runtime = match cached {
@@ -152,7 +155,7 @@ impl Processes {
                 let api = format!("127.0.0.1:{}", self.port);
                 let (peer, local) = (conn.peer, conn.local);
                 let found = tokio::task::spawn_blocking(move || {
-                    crate::peer::runtime_of_connection(&root, peer, local, &api)
+                    peer::runtime_of_connection(&root, peer, local, &api)
                 })
                 .await
                 .ok()
@@ -204,7 +207,7 @@ mod tests {
         std::fs::write(dir.join("stat"), stat).unwrap();
         let environ = format!(
             "{}={pid}\0AWS_LAMBDA_RUNTIME_API=127.0.0.1:{port}\0",
-            runtime_process::PID_MARKER
+            runtime::PID_MARKER
         );
         std::fs::write(dir.join("environ"), environ).unwrap();
     }
@@ -222,7 +225,7 @@ mod tests {
             start: 777,
         });
         assert_eq!(
-            runtime_process::find_runtime(&root, "127.0.0.1:9009"),
+            runtime::find_runtime(&root, "127.0.0.1:9009"),
             runtime,
             "the fake process is one the search finds"
         );
