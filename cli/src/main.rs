@@ -174,10 +174,6 @@ pub fn parse_permits(s: &str) -> Result<u32, String> {
 
 impl LockArgs {
     fn options(&self) -> LockOptions {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_else(|_| "unknown".into());
         let defaults = LockOptions::default();
         LockOptions {
             wait: self.wait,
@@ -188,7 +184,7 @@ impl LockArgs {
             clock_skew: self.max_clock_skew,
             permits: self.permits,
             holder: flightlock::HolderInfo {
-                host: Some(format!("{host}:{}", std::process::id())),
+                host: Some(flightlock::HolderInfo::this_host()),
                 function: std::env::var("AWS_LAMBDA_FUNCTION_NAME").ok(),
                 request_id: None,
             },

@@ -78,13 +78,6 @@ fn extension_name() -> String {
         .unwrap_or_else(|| "flightlock".to_owned())
 }
 
-fn host_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "lambda".to_owned());
-    format!("{host}:{}", std::process::id())
-}
-
 async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     if !env.contains_key(config::RUNTIME_API) {
         return Err(format!(
@@ -175,7 +168,7 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
         Mode::ManagedInstances => Invocations::forgetting_after(Duration::from_secs(120)),
     };
     let mut proxy = Proxy::new(
-        Gate::new(config.clone(), locker, host_name()),
+        Gate::new(config.clone(), locker, flightlock_lambda::gate::host_id()),
         Arc::new(invocations),
         upstream,
     )

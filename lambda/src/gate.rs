@@ -466,12 +466,9 @@ impl Gate {
 /// hostname and pid: environments restored from one SnapStart snapshot. Read it after a restore,
 /// not before.
 pub fn host_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "lambda".to_owned());
     format!(
-        "{host}:{}#{:06x}",
-        std::process::id(),
+        "{}#{:06x}",
+        HolderInfo::this_host(),
         flightlock::clock::os_random() & 0xff_ffff
     )
 }
