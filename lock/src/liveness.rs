@@ -32,6 +32,13 @@ pub enum Verdict {
     Stale,
 }
 
+/// The clock rule of staleness ([`ClockSkew::Bounded`]): our wall clock `wall_ms` is past the
+/// lease end by more than the allowance. The protocol's judgement ([`Observer::judge_read`]) and
+/// the status view (`status.rs`) both ask it.
+pub(crate) fn past_lease(lease_until_ms: i64, wall_ms: i64, allowance_ms: i64) -> bool {
+    wall_ms > lease_until_ms.saturating_add(allowance_ms)
+}
+
 /// Remembers when each row's current `rvn` was first seen (needed for clock-free mode), and
 /// whether the row has been seen to change at all (proof that its owner is alive).
 ///
@@ -118,7 +125,7 @@ impl Observer {
                     } else {
                         allowance_ms
                     };
-                if wall_ms > row.lease_until_ms.saturating_add(allowance_ms) {
+                if past_lease(row.lease_until_ms, wall_ms, allowance_ms) {
                     Verdict::Stale
                 } else {
                     Verdict::Live

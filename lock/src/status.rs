@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::clock::millis;
 use crate::holder::HolderInfo;
+use crate::liveness::past_lease;
 use crate::options::ClockSkew;
 use crate::schema::Snapshot;
 
@@ -102,7 +103,7 @@ impl QueueEntry {
             .into_iter()
             .map(|r| {
                 let lease_left_ms = r.lease_until_ms - wall_ms;
-                let state = if lease_left_ms + millis(skew) < 0 {
+                let state = if past_lease(r.lease_until_ms, wall_ms, millis(skew)) {
                     EntryState::Stale
                 } else if holders >= permits {
                     EntryState::Waiting
