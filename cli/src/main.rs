@@ -133,30 +133,71 @@ fn parse_endpoint(s: &str) -> Result<String, String> {
     }
 }
 
+/// The options' defaults, as `--help` shows them: each is the library's own
+/// ([`LockOptions::default`], [`flightlock::sweep::SweepOptions::default`]), defined there once.
+pub mod defaults {
+    use std::time::Duration;
+
+    use flightlock::{ClockSkew, LockOptions, Wait};
+
+    /// A duration as the options accept it, in the largest unit that holds it whole (`20s`,
+    /// `100ms`, `30h`).
+    pub fn duration(d: Duration) -> String {
+        let ms = d.as_millis();
+        let units = [
+            ("d", 86_400_000),
+            ("h", 3_600_000),
+            ("m", 60_000),
+            ("s", 1000),
+        ];
+        match units.iter().find(|(_, n)| ms > 0 && ms.is_multiple_of(*n)) {
+            Some((unit, n)) => format!("{}{unit}", ms / n),
+            None => format!("{ms}ms"),
+        }
+    }
+
+    /// [`LockOptions::default`]'s wait.
+    pub fn wait() -> String {
+        match LockOptions::default().wait {
+            Wait::Forever => Wait::FOREVER_WORDS[0].to_owned(),
+            Wait::NoWait => "0".to_owned(),
+            Wait::For(d) => duration(d),
+        }
+    }
+
+    /// [`LockOptions::default`]'s clock-skew allowance.
+    pub fn clock_skew() -> String {
+        match LockOptions::default().clock_skew {
+            ClockSkew::Bounded(d) => duration(d),
+            ClockSkew::Unbounded => ClockSkew::UNBOUNDED_WORDS[0].to_owned(),
+        }
+    }
+}
+
 /// Lock options shared by commands that acquire. Their values may start with `-` (`--wait -1`):
 /// a bad value to report with the accepted forms, not an option to suggest `-- -1` for.
 #[derive(Args, Debug, Clone)]
 pub struct LockArgs {
     /// How long to wait: 0 (fail at once if held), a duration (500ms, 10s, 1m30s, 2h; a bare
     /// number is seconds) or forever (also inf, infinite).
-    #[arg(long, default_value = "forever", allow_hyphen_values = true, value_parser = Wait::parse)]
+    #[arg(long, default_value = defaults::wait(), allow_hyphen_values = true, value_parser = Wait::parse)]
     wait: Wait,
     /// Lease: how long the lock survives without a heartbeat.
-    #[arg(long, default_value = "20s", allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
+    #[arg(long, default_value = defaults::duration(LockOptions::default().lease), allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     lease: std::time::Duration,
     /// Heartbeat interval (default: a third of the lease).
     #[arg(long, allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     heartbeat: Option<std::time::Duration>,
     /// Poll interval of the waiter next in line.
-    #[arg(long, default_value = "100ms", allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
+    #[arg(long, default_value = defaults::duration(LockOptions::default().poll), allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     poll: std::time::Duration,
     /// How far clocks may disagree (a duration such as 500ms or 1s), or `unbounded` (also
     /// clock-free) for clock-free mode.
-    #[arg(long, default_value = "1s", allow_hyphen_values = true, value_parser = ClockSkew::parse)]
+    #[arg(long, default_value = defaults::clock_skew(), allow_hyphen_values = true, value_parser = ClockSkew::parse)]
     max_clock_skew: ClockSkew,
     /// How many may hold the key at a time (1 to 100): every participant on a key must use the
     /// key's number (see `flightlock permits`).
-    #[arg(long, env = "FLIGHTLOCK_PERMITS", default_value = "1", allow_hyphen_values = true,
+    #[arg(long, env = "FLIGHTLOCK_PERMITS", default_value = LockOptions::default().permits.to_string(), allow_hyphen_values = true,
           value_parser = parse_permits)]
     permits: u32,
 }
@@ -289,4 +330,80 @@ async fn create_table(conn: &Conn) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+    use flightlock::sweep::SweepOptions;
+    use flightlock::LockOptions;
+
+    use super::defaults;
+
+    #[test]
+    fn a_default_duration_reads_back_as_the_library_default() {
+        for d in [
+            Duration::from_secs(20),
+            Duration::from_millis(100),
+            Duration::from_millis(1500),
+            Duration::from_secs(30 * 3600),
+            Duration::from_secs(48 * 3600),
+            Duration::from_secs(600),
+            Duration::ZERO,
+        ] {
+            let text = defaults::duration(d);
+            assert_eq!(flightlock::parse_duration(&text), Ok(d), "{text}");
+        }
+        assert_eq!(defaults::duration(Duration::from_secs(30 * 3600)), "30h");
+    }
+
+    #[test]
+    fn options_left_out_are_the_library_defaults() {
+        let cli = super::Cli::try_parse_from([
+            "flightlock",
+            "run",
+            "--table",
+            "t",
+            "--key",
+            "k",
+            "--",
+            "true",
+        ])
+        .expect("parses");
+        let super::Command::Run(run) = cli.command else {
+            panic!("not run");
+        };
+        let got = run.lock.options();
+        let want = LockOptions::default();
+        assert_eq!(
+            (
+                got.wait,
+                got.lease,
+                got.heartbeat,
+                got.poll,
+                got.clock_skew,
+                got.permits
+            ),
+            (
+                want.wait,
+                want.lease,
+                want.heartbeat,
+                want.poll,
+                want.clock_skew,
+                want.permits
+            )
+        );
+        let cli =
+            super::Cli::try_parse_from(["flightlock", "sweep", "--table", "t"]).expect("parses");
+        let super::Command::Sweep(sweep) = cli.command else {
+            panic!("not sweep");
+        };
+        let want = SweepOptions::default();
+        assert_eq!(
+            (sweep.grace, sweep.concurrency, sweep.segments),
+            (want.grace, want.concurrency, want.segments)
+        );
+    }
 }

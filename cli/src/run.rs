@@ -36,7 +36,7 @@ pub struct RunArgs {
     #[arg(long)]
     key: String,
     #[command(flatten)]
-    lock: LockArgs,
+    pub(crate) lock: LockArgs,
     /// If the lock is lost while CMD runs, send CMD SIGTERM (then SIGKILL after 10 s).
     #[arg(long)]
     kill_on_lost: bool,
@@ -47,7 +47,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "ID", allow_hyphen_values = true, value_parser = parse_tick)]
     once: Option<String>,
     /// How long the record of a done id tick is kept (ids only; times need none).
-    #[arg(long, value_name = "DURATION", default_value = "30h", requires = "once",
+    #[arg(long, value_name = "DURATION", default_value = crate::defaults::duration(flightlock::options::DEFAULT_TICK_KEEP), requires = "once",
           allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
     once_keep: Duration,
     /// With --once TIME: a tick older than this (by this host's clock) is not run (exit 0, one

@@ -19,7 +19,7 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
     /// How far clocks may disagree when judging stale rows.
-    #[arg(long, default_value = "1s", allow_hyphen_values = true, value_parser = ClockSkew::parse)]
+    #[arg(long, default_value = crate::defaults::clock_skew(), allow_hyphen_values = true, value_parser = ClockSkew::parse)]
     max_clock_skew: ClockSkew,
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use flightlock::sweep::{ResumePoint, SweepOptions, Sweeper, DEFAULT_CONCURRENCY};
+use flightlock::sweep::{ResumePoint, SweepOptions, Sweeper};
 
 use crate::Conn;
 
@@ -16,8 +16,8 @@ pub struct SweepArgs {
     pub conn: Conn,
     /// Remove rows whose lease ended more than this long ago. Must be at least the largest
     /// clock-skew allowance of any lock user (plus the sweeper's own clock error).
-    #[arg(long, default_value = "10m", allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
-    grace: Duration,
+    #[arg(long, default_value = crate::defaults::duration(SweepOptions::default().grace), allow_hyphen_values = true, value_parser = flightlock::parse_duration)]
+    pub(crate) grace: Duration,
     /// Report what would be deleted; delete nothing.
     #[arg(long)]
     dry_run: bool,
@@ -25,11 +25,11 @@ pub struct SweepArgs {
     #[arg(long)]
     json: bool,
     /// Conditional deletes in flight at once.
-    #[arg(long, default_value_t = DEFAULT_CONCURRENCY, allow_negative_numbers = true, value_parser = count::<usize>)]
-    concurrency: usize,
+    #[arg(long, default_value_t = SweepOptions::default().concurrency, allow_negative_numbers = true, value_parser = count::<usize>)]
+    pub(crate) concurrency: usize,
     /// Parallel scan segments.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count::<u32>)]
-    segments: u32,
+    #[arg(long, default_value_t = SweepOptions::default().segments, allow_negative_numbers = true, value_parser = count::<u32>)]
+    pub(crate) segments: u32,
     /// Items read per Scan page (default: DynamoDB's 1 MB pages).
     #[arg(long, allow_negative_numbers = true, value_parser = count::<u32>)]
     page_size: Option<u32>,

@@ -249,10 +249,11 @@ impl Config {
                 .map(|v| parse_duration(&v).map_err(|p| err(name, &v, p, DURATION_FORMS)))
                 .transpose()
         };
-        let lease = duration(LEASE)?.unwrap_or(Duration::from_secs(20));
+        let defaults = LockOptions::default();
+        let lease = duration(LEASE)?.unwrap_or(defaults.lease);
         let heartbeat = duration(HEARTBEAT)?;
         let clock_skew = match get(CLOCK_SKEW) {
-            None => ClockSkew::Bounded(Duration::from_secs(1)),
+            None => defaults.clock_skew,
             Some(v) => ClockSkew::parse(&v).map_err(|p| {
                 err(
                     CLOCK_SKEW,
