@@ -342,6 +342,59 @@ mod tests {
 
     use super::defaults;
 
+    /// The CLI reference: its option table says each option's default.
+    const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/cli.md");
+
+    /// Where the CLI reference's option table disagrees with the parser's defaults and
+    /// environment variables (of every subcommand, as clap holds them).
+    fn default_problems(doc: &str) -> Vec<String> {
+        use clap::CommandFactory;
+        let cells: std::collections::HashMap<&str, &str> = doc
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.strip_prefix("| `--")?.split(" | ");
+                let option = cells.next()?.strip_suffix('`')?;
+                Some((option, cells.next()?))
+            })
+            .collect();
+        let mut problems = Vec::new();
+        let mut checked = 0;
+        for command in super::Cli::command().get_subcommands() {
+            for arg in command.get_arguments() {
+                let (Some(long), true) = (arg.get_long(), arg.get_action().takes_values()) else {
+                    continue;
+                };
+                let defaults = arg.get_default_values().iter().map(|w| w.to_string_lossy());
+                let words = defaults
+                    .chain(arg.get_env().map(|w| w.to_string_lossy()))
+                    .map(|w| w.into_owned());
+                for word in words {
+                    checked += 1;
+                    match cells.get(long) {
+                        Some(cell) if cell.contains(&format!("`{word}`")) => {}
+                        cell => problems.push(format!(
+                            "{} --{long}: the parser's default is `{word}`, the CLI reference \
+                             says {cell:?}",
+                            command.get_name()
+                        )),
+                    }
+                }
+            }
+        }
+        assert!(checked >= 10, "only {checked} defaults found");
+        problems
+    }
+
+    #[test]
+    fn the_cli_reference_gives_the_parsers_defaults() {
+        let doc = std::fs::read_to_string(REFERENCE).expect("docs/src/reference/cli.md");
+        let problems = default_problems(&doc);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        let broken = doc.replacen("| `--lease` | `20s` |", "| `--lease` | `30s` |", 1);
+        assert_ne!(broken, doc);
+        assert_eq!(default_problems(&broken).len(), 1);
+    }
+
     #[test]
     fn a_default_duration_reads_back_as_the_library_default() {
         for d in [

@@ -118,7 +118,10 @@ fn long_options(source: &str) -> BTreeSet<String> {
             continue;
         }
         if pending {
-            if let Some((field, _)) = line.trim_start_matches("pub ").split_once(':') {
+            let field_line = line
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ");
+            if let Some((field, _)) = field_line.split_once(':') {
                 if !field.starts_with("///") && !field.starts_with('#') {
                     found.insert(format!("--{}", field.trim().replace('_', "-")));
                     pending = false;
@@ -188,7 +191,7 @@ fn the_cli_synopsis_and_option_table_list_every_option_of_the_code() {
 
 #[test]
 fn long_options_reads_fields_of_long_arguments_only() {
-    let source = "#[arg(long)]\n    key: String,\n    /// doc\n    #[arg(\n        long,\n        env = \"X\"\n    )]\n    log_level: String,\n    #[arg(last = true)]\n    command: Vec<String>,\n";
+    let source = "#[arg(long)]\n    pub(crate) key: String,\n    /// doc\n    #[arg(\n        long,\n        env = \"X\"\n    )]\n    log_level: String,\n    #[arg(last = true)]\n    command: Vec<String>,\n";
     assert_eq!(long_options(source), set(["--key", "--log-level"]));
 }
 
