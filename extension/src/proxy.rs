@@ -39,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use flightlock::Locker;
-use flightlock_lambda::client_context::Handover;
+use flightlock_lambda::client_context::LockContext;
 use flightlock_lambda::config::Config;
 use flightlock_lambda::gate::{Gate, Held, Outcome, Run};
 use flightlock_lambda::responses::{error_body, CONTEXT_ERROR_TYPE, EVENT_ERROR_TYPE};
@@ -590,13 +590,13 @@ impl Proxy {
             });
             // The gate decides (skipped or failed invocations were answered here and are done)
             // unless FLIGHTLOCK_GATE is off; either way the caller's flightlock* entries go.
-            let handover = if self.config.gate {
+            let lock_context = if self.config.gate {
                 match self
                     .admit(&id, &slot, deadline, &event, tenant.as_deref(), trace)
                     .instrument(span.clone())
                     .await
                 {
-                    Some(handover) => Some(handover),
+                    Some(lock_context) => Some(lock_context),
                     None => continue,
                 }
             } else {
@@ -606,7 +606,7 @@ impl Proxy {
             slot.set_runtime(self.processes.runtime().await);
             // The one change to the event: the handler's client context gets its lock.
             let mut rparts = rparts;
-            span.in_scope(|| context::write(&mut rparts.headers, &caller, handover.as_ref()));
+            span.in_scope(|| context::write(&mut rparts.headers, &caller, lock_context.as_ref()));
             slot.mark_handed_over(flightlock_lambda::records::Records::new(
                 self.locker(),
                 self.config.clone(),
@@ -651,7 +651,7 @@ impl Proxy {
         event: &[u8],
         tenant: Option<&str>,
         trace: Option<TraceParent>,
-    ) -> Option<Handover> {
+    ) -> Option<LockContext> {
         // Untraced, nothing more than this check.
         let started = trace.map(|parent| (parent, SystemTime::now()));
         let outcome = self
@@ -661,12 +661,12 @@ impl Proxy {
         let traced = started.map(|(parent, start)| (parent, start, SystemTime::now()));
         match outcome {
             Outcome::Acquired(held) => {
-                let handover = held.handover();
+                let lock_context = held.lock_context();
                 if let Some(traced) = traced {
-                    self.trace_acquired(slot, &held, &handover, id, traced);
+                    self.trace_acquired(slot, &held, &lock_context, id, traced);
                 }
                 slot.hold(held);
-                Some(handover)
+                Some(lock_context)
             }
             Outcome::Skipped(body) => {
                 self.answer(id, None, &body).await;
@@ -743,17 +743,17 @@ impl Proxy {
         &self,
         slot: &Slot,
         held: &Held,
-        handover: &Handover,
+        lock_context: &LockContext,
         id: &str,
         (parent, start, decided): (TraceParent, SystemTime, SystemTime),
     ) {
         let inv = spans::Invocation {
             parent,
             request_id: id.to_owned(),
-            key_hash: Some(spans::key_hash(&handover.key)),
+            key_hash: Some(spans::key_hash(&lock_context.key)),
             tick: held.tick().cloned(),
         };
-        let ticket = handover.ticket;
+        let ticket = lock_context.ticket;
         self.trace_wait(&inv, start, decided, &WaitEnd::Acquired { ticket });
         slot.set_hold_trace(HoldTrace {
             inv,

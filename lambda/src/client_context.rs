@@ -46,7 +46,7 @@
 //!
 //! The in-process layer gets the context already parsed by `lambda_runtime` (with `serde_json`,
 //! last of two equal names kept; a header it cannot parse fails the invocation before the layer
-//! runs), and the handler gets that same parsed map: [`Handover::apply`] removes the reserved
+//! runs), and the handler gets that same parsed map: [`LockContext::apply`] removes the reserved
 //! entries from it and adds ours.
 //!
 //! Pure: no I/O.
@@ -79,9 +79,10 @@ pub const INVOKE_CLIENT_CONTEXT_MAX: usize = 3583;
 /// The largest JSON text whose padded base64 fits [`INVOKE_CLIENT_CONTEXT_MAX`].
 pub const MAX_JSON: usize = INVOKE_CLIENT_CONTEXT_MAX / 4 * 3;
 
-/// What one acquired invocation hands to its handler.
+/// What the handler of one acquired invocation is told about its lock: the entries written into
+/// its client context.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handover {
+pub struct LockContext {
     /// The fencing token.
     pub ticket: u64,
     /// The lock key.
@@ -94,7 +95,7 @@ pub struct Handover {
     pub permits: u32,
 }
 
-impl Handover {
+impl LockContext {
     /// The entries, most important first (the order in which they are kept when space is short).
     pub fn entries(&self) -> Vec<(&'static str, String)> {
         let mut entries = vec![(TICKET, self.ticket.to_string())];
@@ -271,9 +272,9 @@ impl CallerContext {
 
     /// The caller's context with `ours` added (none for an invocation that is not gated: the
     /// caller's reserved entries are removed all the same), written anew (see the module docs).
-    pub fn merge(&self, ours: Option<&Handover>) -> Merged {
+    pub fn merge(&self, ours: Option<&LockContext>) -> Merged {
         let mut entries: Vec<(&'static str, String)> = ours
-            .map(Handover::entries)
+            .map(LockContext::entries)
             .unwrap_or_default()
             .into_iter()
             .map(|(name, value)| (name, ascii_json_string(&value)))

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::Instrument;
 
-use super::client_context::Handover;
+use super::client_context::LockContext;
 use super::config::{Config, OnBusy, DEADLINE_MARGIN, STALE_AFTER, TICK};
 use super::metrics::{Metric, Metrics};
 use super::responses::{
@@ -108,8 +108,8 @@ impl Held {
     }
 
     /// What the handler is told about its lock (see [`crate::client_context`]).
-    pub fn handover(&self) -> Handover {
-        Handover {
+    pub fn lock_context(&self) -> LockContext {
+        LockContext {
             ticket: self.guard.token(),
             key: self.guard.key().to_owned(),
             waited_ms: self.waited_ms,

@@ -301,7 +301,7 @@ where
                             event.context.client_context = serde_json::from_str("{}").ok();
                         }
                         if let Some(context) = event.context.client_context.as_mut() {
-                            held.handover().apply(&mut context.custom);
+                            held.lock_context().apply(&mut context.custom);
                         }
                         let result: Result<R, Diagnostic> = RECORDS
                             .scope(records.clone(), inner.call(event))

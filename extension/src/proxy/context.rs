@@ -3,7 +3,7 @@
 //! context, and what is kept of it, is [`flightlock_lambda::client_context`]).
 
 use flightlock_lambda::client_context::{
-    read, CallerContext, Handover, Unreadable, CLIENT_CONTEXT_HEADER,
+    read, CallerContext, LockContext, Unreadable, CLIENT_CONTEXT_HEADER,
 };
 use http::{HeaderMap, HeaderValue};
 
@@ -20,11 +20,15 @@ pub(super) fn caller(headers: &HeaderMap) -> Result<CallerContext, Unreadable> {
 }
 
 /// Replaces the client context header of an event's `headers` with `caller`'s context and
-/// `handover`'s entries (none when the invocation is not gated: the caller's are removed all
+/// `lock_context`'s entries (none when the invocation is not gated: the caller's are removed all
 /// the same). Whatever is left out (no room within the Invoke API's limit) or removed
 /// (a caller's `flightlock*` entries) is logged as a warning on the current span.
-pub(super) fn write(headers: &mut HeaderMap, caller: &CallerContext, handover: Option<&Handover>) {
-    let merged = caller.merge(handover);
+pub(super) fn write(
+    headers: &mut HeaderMap,
+    caller: &CallerContext,
+    lock_context: Option<&LockContext>,
+) {
+    let merged = caller.merge(lock_context);
     if merged.removed > 0 {
         tracing::warn!(
             removed = merged.removed,
@@ -60,8 +64,8 @@ pub(super) fn write(headers: &mut HeaderMap, caller: &CallerContext, handover: O
 mod tests {
     use super::*;
 
-    fn ours() -> Handover {
-        Handover {
+    fn ours() -> LockContext {
+        LockContext {
             ticket: 7,
             key: "k".to_owned(),
             waited_ms: 0,

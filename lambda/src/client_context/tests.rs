@@ -3,8 +3,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-fn ours() -> Handover {
-    Handover {
+fn ours() -> LockContext {
+    LockContext {
         ticket: 42,
         key: "nightly-report".to_owned(),
         waited_ms: 17,
@@ -18,7 +18,7 @@ fn read_one(caller: &[u8]) -> Result<CallerContext, Unreadable> {
 }
 
 /// Reads `caller` as one header and merges `ours` into it.
-fn merge(caller: Option<&[u8]>, ours: &Handover) -> Result<Merged, Unreadable> {
+fn merge(caller: Option<&[u8]>, ours: &LockContext) -> Result<Merged, Unreadable> {
     Ok(read(caller)?.merge(Some(ours)))
 }
 
@@ -58,7 +58,7 @@ fn without_a_caller_context_only_ours_is_sent() {
 fn permits_are_handed_over_only_when_more_than_one() {
     let (v, ..) = header(merge(None, &ours()));
     assert!(v["custom"].get(PERMITS).is_none(), "{v}");
-    let h = Handover {
+    let h = LockContext {
         permits: 4,
         ..ours()
     };
@@ -71,7 +71,7 @@ fn permits_are_handed_over_only_when_more_than_one() {
 
 #[test]
 fn no_tick_no_tick_entry() {
-    let h = Handover {
+    let h = LockContext {
         tick: None,
         ..ours()
     };
@@ -111,7 +111,7 @@ fn a_callers_reserved_entries_never_reach_the_handler() {
     assert_eq!(v["custom"]["mine"], "y");
     // Names this invocation does not write itself (no tick, one permit) are removed too: a
     // forged one must not pass for ours. And escapes spell the same names.
-    let h = Handover {
+    let h = LockContext {
         tick: None,
         ..ours()
     };
@@ -273,7 +273,7 @@ fn the_limit_is_the_invoke_apis_in_base64() {
 
 #[test]
 fn the_header_is_ascii_whatever_the_key() {
-    let h = Handover {
+    let h = LockContext {
         key: "tenant-é-日本-😀 \"q\" \\".to_owned(),
         ..ours()
     };
@@ -299,7 +299,7 @@ fn apply_replaces_reserved_entries_in_a_parsed_map() {
     assert_eq!(custom["mine"], "y");
     assert_eq!(custom.len(), 5);
     // Names this invocation does not write are removed, not left for the handler to misread.
-    let h = Handover {
+    let h = LockContext {
         tick: None,
         ..ours()
     };
@@ -533,7 +533,7 @@ fn hostile(rng: &mut StdRng, depth: u32) -> String {
 
 #[test]
 fn no_forged_entry_survives_whatever_the_bytes() {
-    let h = Handover {
+    let h = LockContext {
         tick: None,
         ..ours()
     };
@@ -589,7 +589,7 @@ fn no_forged_entry_survives_whatever_the_bytes() {
 }
 
 #[test]
-fn without_a_handover_the_callers_reserved_entries_still_go() {
+fn without_a_lock_context_the_callers_reserved_entries_still_go() {
     // FLIGHTLOCK_GATE=off: nothing of ours is added, and nothing forged is handed on.
     let caller = br#"{"custom":{"flightlockTicket":"999","a":"b"},"env":{"x":"y"}}"#;
     let merged = read(Some(&caller[..])).unwrap().merge(None);

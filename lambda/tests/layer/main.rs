@@ -20,7 +20,7 @@ use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-mod handover;
+mod lock_context;
 mod permits;
 mod records;
 mod ticks;

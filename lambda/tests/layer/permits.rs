@@ -181,8 +181,12 @@ async fn other_permits_than_the_keys_fail_the_invocation_never_skip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handler_learns_the_keys_permits() {
-    let (layer, _, _) = layer("inproc_permits_handover", &[("FLIGHTLOCK_PERMITS", "4")]).await;
-    let out = match call(super::handover::reporting(&layer), "req-1", json!({})).await {
+    let (layer, _, _) = layer(
+        "inproc_permits_lock_context",
+        &[("FLIGHTLOCK_PERMITS", "4")],
+    )
+    .await;
+    let out = match call(super::lock_context::reporting(&layer), "req-1", json!({})).await {
         Ok(Gated::Ran(v)) => v,
         other => panic!("the handler did not run: {other:?}"),
     };

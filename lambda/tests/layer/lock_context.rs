@@ -27,7 +27,7 @@ fn ran(result: Result<Gated<Value>, Diagnostic>) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handler_reads_its_ticket_key_and_wait_and_the_next_one_a_higher_ticket() {
-    let (layer, _, _) = layer("inproc_handover", &[]).await;
+    let (layer, _, _) = layer("inproc_lock_context", &[]).await;
     let service = reporting(&layer);
     let first = ran(call(service.clone(), "req-1", json!({})).await);
     let custom = &first["clientContext"]["custom"];
@@ -54,7 +54,7 @@ async fn the_handler_reads_its_ticket_key_and_wait_and_the_next_one_a_higher_tic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_client_context_is_kept_and_a_forged_ticket_replaced() {
-    let (layer, _, _) = layer("inproc_handover_caller", &[]).await;
+    let (layer, _, _) = layer("inproc_lock_context_caller", &[]).await;
     let service = reporting(&layer);
     let mut e = event("req-1", json!({}));
     e.context.client_context = serde_json::from_value(json!({
@@ -101,7 +101,7 @@ async fn a_callers_client_context_is_kept_and_a_forged_ticket_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_client_contexts_parsed_by_lambda_runtime_carry_no_forged_entry() {
     use lambda_runtime::{Config, Context};
-    let (layer, _, _) = layer("inproc_handover_hostile", &[]).await;
+    let (layer, _, _) = layer("inproc_lock_context_hostile", &[]).await;
     let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
     let forged = r#""flightlockTicket":"999999999","flightlockTick":"t""#;
     let contexts = [
