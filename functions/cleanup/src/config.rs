@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use flightlock::sweep::{DEFAULT_CONCURRENCY, DEFAULT_GRACE, MAX_CONCURRENCY, MIN_GRACE};
+use flightlock::sweep::{
+    SweepOptions, DEFAULT_CONCURRENCY, DEFAULT_GRACE, MAX_CONCURRENCY, MIN_GRACE,
+};
 
 /// Lock table name (required).
 pub const TABLE: &str = "FLIGHTLOCK_TABLE";
@@ -131,11 +133,14 @@ impl Config {
             None => true,
             Some(v) => flightlock::parse_switch(v).map_err(|e| err(METRICS, v, e))?,
         };
+        let defaults = SweepOptions::default();
         Ok(Config {
             table,
             grace: duration(SWEEP_GRACE, DEFAULT_GRACE, MIN_GRACE)?,
             concurrency: number(SWEEP_CONCURRENCY, DEFAULT_CONCURRENCY)?,
-            segments: u32::try_from(number(SWEEP_SEGMENTS, 1)?).unwrap_or(1),
+            // At most MAX_CONCURRENCY, so it fits.
+            segments: u32::try_from(number(SWEEP_SEGMENTS, defaults.segments as usize)?)
+                .unwrap_or(defaults.segments),
             margin: duration(SWEEP_MARGIN, DEFAULT_MARGIN, Duration::ZERO)?,
             metrics,
         })
