@@ -204,7 +204,7 @@ pub(crate) enum Range {
 
 /// `TransactWriteItems` of two items: the key's counter moves from `counter` to `ticket`, and our
 /// row (with that ticket) is put if no row has that ticket. Issuance and insertion are one atomic
-/// step, which closes the late-enqueue race (DESIGN.md §4).
+/// step, which closes the late-enqueue race (`lock/PROTOCOL.md`, "Safety guards and what catches each").
 ///
 /// With `seat`, the same step is one `UpdateItem` of the counter: it moves from `counter` to
 /// `ticket` and takes the seat (see [`crate::schema`]) with the row's attributes, only if the

@@ -1,5 +1,5 @@
 //! Protocol tests against a real local DynamoDB (DynamoDB Local or moto), one module per
-//! guarantee of DESIGN.md §4. Each test creates its own table. Run them through the README's
+//! guarantee of `lock/PROTOCOL.md` ("Guarantees: mechanism and proof"). Each test creates its own table. Run them through the README's
 //! test command (`scripts/test`), which starts the server on 127.0.0.1 and sets `AWS_ENDPOINT_URL_DYNAMODB`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
