@@ -288,6 +288,31 @@ fn rss_kb(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// The most recently changed Rust source the extension is built from, and when.
+fn newest_source(root: &std::path::Path) -> Option<(std::time::SystemTime, std::path::PathBuf)> {
+    let mut newest = None;
+    let mut dirs: Vec<std::path::PathBuf> = ["lock/src", "lambda/src", "extension/src"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let changed = entry.metadata().and_then(|m| m.modified()).ok();
+                if let Some(changed) = changed {
+                    if newest.as_ref().is_none_or(|(t, _)| changed > *t) {
+                        newest = Some((changed, path));
+                    }
+                }
+            }
+        }
+    }
+    newest
+}
+
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args()
@@ -304,6 +329,18 @@ async fn main() {
     .map(|p| root.join(p))
     .find(|p| p.is_file())
     .expect("no release build of the extension: run `make layer-x86_64` or `cargo build --release -p flightlock-extension` first");
+    // A binary older than the sources would be measured silently in their place.
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+    let newest = newest_source(&root);
+    if let (Some(built), Some((changed, file))) = (built, newest) {
+        assert!(
+            built >= changed,
+            "{} is older than {}: rebuild it (`make layer-x86_64` or `cargo build --release -p \
+             flightlock-extension`) so the figures are this code's",
+            bin.display(),
+            file.display()
+        );
+    }
     let flightlock_testkit::FreshTable {
         endpoint, table, ..
     } = flightlock_testkit::fresh_table("bench_ext").await;
