@@ -5,6 +5,11 @@
 //! before the invocation is finished and its lock released, and which detects invocations that
 //! never went through the proxy). Whichever arrives first creates the slot; the INVOKE handler
 //! removes it.
+//!
+//! The crash watch of an invocation is its slot's too ([`Slot::watch`]): it waits until the
+//! invocation is finished or the runtime process that got its event has died with every process
+//! it started (a crash: Lambda then resets the sandbox and kills the extension without a
+//! SHUTDOWN), so the caller can release the lock at once.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
