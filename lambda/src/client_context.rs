@@ -113,7 +113,7 @@ impl LockContext {
     /// Puts the entries into an already parsed `custom` map (the in-process layer), removing
     /// every reserved entry a caller sent, also those of names this invocation does not write.
     pub fn apply(&self, custom: &mut HashMap<String, String>) {
-        custom.retain(|k, _| !k.starts_with(PREFIX));
+        custom.retain(|k, _| !is_reserved(k));
         for (name, value) in self.entries() {
             custom.insert(name.to_owned(), value);
         }
@@ -131,6 +131,10 @@ pub enum Unreadable {
     DuplicateName(String),
     /// Its `custom` is neither an object nor `null`.
     CustomNotAnObject,
+    /// A top-level name other than `custom` that a case-insensitive reader takes for `custom`
+    /// (Go's `encoding/json` folds `Custom` and `cuſtom` into the `Custom` field; see
+    /// [`reads_as`]).
+    LookalikeName(String),
 }
 
 impl fmt::Display for Unreadable {
@@ -151,6 +155,13 @@ impl fmt::Display for Unreadable {
             Unreadable::CustomNotAnObject => {
                 f.write_str("the client context's `custom` is not a JSON object")
             }
+            Unreadable::LookalikeName(name) => write!(
+                f,
+                "the client context has a member {} that case-insensitive readers (Go's \
+                 encoding/json, .NET with case-insensitive names) take for `custom`; send \
+                 `custom` only",
+                ascii_json_string(name)
+            ),
         }
     }
 }
@@ -237,6 +248,13 @@ pub fn read<'a>(headers: impl IntoIterator<Item = &'a [u8]>) -> Result<CallerCon
     serde_json::from_str::<serde_json::Value>(text)
         .map_err(|e| Unreadable::NotAnObject(e.to_string()))?;
     let mut top = parse_object(text)?;
+    if let Some(name) = top
+        .0
+        .keys()
+        .find(|n| *n != "custom" && reads_as(n, "custom"))
+    {
+        return Err(Unreadable::LookalikeName(name.clone()));
+    }
     let mut custom = match top.0.remove("custom") {
         None => Object::default(),
         Some(raw) if &*raw == "null" => Object::default(),
@@ -244,13 +262,40 @@ pub fn read<'a>(headers: impl IntoIterator<Item = &'a [u8]>) -> Result<CallerCon
         Some(raw) => parse_object(&raw)?,
     };
     let before = custom.0.len();
-    custom.0.retain(|name, _| !name.starts_with(PREFIX));
+    custom.0.retain(|name, _| !is_reserved(name));
     let removed = before - custom.0.len();
     Ok(CallerContext {
         top,
         custom,
         removed,
     })
+}
+
+/// True if `name` is flightlock's: it starts with [`PREFIX`] as any reader compares names,
+/// case-insensitively included (see [`reads_as`]). Every reader the guide names looks `custom`'s
+/// entries up by exact name, so only `flightlock*` itself could be misread; removing the
+/// look-alikes too costs nothing and holds for a reader that folds case.
+pub fn is_reserved(name: &str) -> bool {
+    let prefix: String = name.chars().take(PREFIX.len()).collect();
+    reads_as(&prefix, PREFIX)
+}
+
+/// True if a reader that matches names without regard to case could take `name` for `ascii`
+/// (an ASCII lower-case name): both have the same number of characters, and each character of
+/// `name` is `ascii`'s, or lower-cases to it, or upper-cases to its upper case.
+///
+/// That is a superset of every folding the runtimes' JSON readers apply: Go's `encoding/json`
+/// (aws-lambda-go) matches a struct field by Unicode simple folding, whose only non-ASCII members
+/// of an ASCII letter's orbit are `ſ` (U+017F, upper case `S`) and the Kelvin sign `K` (U+212A,
+/// lower case `k`); .NET's ordinal ignore-case compares upper cases (`ı` U+0131 upper-cases to
+/// `I`); Java's `equalsIgnoreCase` compares upper and lower cases. Pure.
+pub fn reads_as(name: &str, ascii: &str) -> bool {
+    name.chars().count() == ascii.len()
+        && name.chars().zip(ascii.chars()).all(|(c, a)| {
+            c == a
+                || c.to_lowercase().eq(std::iter::once(a))
+                || c.to_uppercase().eq(a.to_uppercase())
+        })
 }
 
 /// The result of [`CallerContext::merge`]: the header value the handler gets.

@@ -64,7 +64,7 @@ use lambda_runtime::{
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::client_context::{PREFIX, TICKET};
+use crate::client_context::{is_reserved, TICKET};
 use crate::config::{Config, ConfigError};
 use crate::gate::{host_id, Gate, Outcome, Run, SDK_ATTEMPT_TIMEOUT, SDK_CONNECT_TIMEOUT};
 use crate::records::Records;
@@ -278,7 +278,7 @@ where
                     // entries still go.
                     let mut event = event;
                     if let Some(context) = event.context.client_context.as_mut() {
-                        context.custom.retain(|k, _| !k.starts_with(PREFIX));
+                        context.custom.retain(|k, _| !is_reserved(k));
                     }
                     let result = RECORDS
                         .scope(records.clone(), inner.call(event))

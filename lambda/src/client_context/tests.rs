@@ -458,12 +458,14 @@ fn reserved_entries(text: &str) -> Vec<(String, String)> {
     };
     let mut found = Vec::new();
     for (name, value) in &top {
-        if name == "custom" {
+        // Go's encoding/json fills `ClientContext.Custom` from every member whose name folds to
+        // it, merging them; read them all, as it does.
+        if reads_as(name, "custom") {
             let Lenient::Object(custom) = value else {
                 panic!("custom is not an object: {text}")
             };
             for (entry, value) in custom {
-                if entry.starts_with(PREFIX) {
+                if entry.starts_with(PREFIX) || is_reserved(entry) {
                     let value = match value {
                         Lenient::String(s) => s.clone(),
                         other => format!("{other:?}"),
@@ -488,6 +490,12 @@ fn hostile(rng: &mut StdRng, depth: u32) -> String {
         "flightlockX",
         "custom",
         "\\u0063ustom",
+        "Custom",
+        "CUSTOM",
+        "cu\u{17f}tom",
+        "cu\\u017ftom",
+        "\\u0043ustom",
+        "FlightlockTicket",
         "client",
         "env",
         "a",
@@ -597,4 +605,78 @@ fn without_a_lock_context_the_callers_reserved_entries_still_go() {
     assert_eq!(v["custom"], serde_json::json!({"a": "b"}), "{v}");
     assert_eq!(v["env"]["x"], "y");
     assert_eq!(merged.removed, 1);
+}
+
+#[test]
+fn a_name_a_case_insensitive_reader_takes_for_custom_is_refused() {
+    // Each was seen to reach an aws-lambda-go handler's ClientContext.Custom (issue 42).
+    for caller in [
+        r#"{"Custom":{"flightlockTicket":"999999999"}}"#,
+        r#"{"CUSTOM":{"a":"b"}}"#,
+        "{\"cu\u{17f}tom\":{\"flightlockTicket\":\"999999999\"}}",
+        r#"{"cu\u017ftom":{"flightlockTicket":"999999999"}}"#,
+        r#"{"custom":{"a":"b"},"Custom":{"flightlockPermits":"7","flightlockTick":"x"}}"#,
+        r#"{"custom":{},"cu\u017Ftom":null}"#,
+    ] {
+        match read_one(caller.as_bytes()) {
+            Err(Unreadable::LookalikeName(name)) => {
+                assert_ne!(name, "custom");
+                assert!(reads_as(&name, "custom"), "{name}");
+            }
+            other => panic!("{caller}: expected a refusal, got {other:?}"),
+        }
+    }
+    // The padded form: a `Custom` that fills the Invoke API's limit, leaving no room for ours.
+    let padded = format!(
+        r#"{{"Custom":{{"flightlockTicket":"999999999","pad":"{}"}}}}"#,
+        "x".repeat(MAX_JSON)
+    );
+    assert!(matches!(
+        read_one(padded.as_bytes()),
+        Err(Unreadable::LookalikeName(_))
+    ));
+    // Names that only look alike to a person are the caller's own.
+    for caller in [
+        r#"{"customs":{}}"#,
+        r#"{"cust0m":{}}"#,
+        r#"{"client":{"custom":"x"}}"#,
+    ] {
+        assert!(read_one(caller.as_bytes()).is_ok(), "{caller}");
+    }
+}
+
+#[test]
+fn reads_as_covers_every_folding_the_readers_apply() {
+    for (name, ascii) in [
+        ("custom", "custom"),
+        ("CuStOm", "custom"),
+        ("cu\u{17f}tom", "custom"), // ſ: Go's simple folding, .NET and Java upper case
+        ("\u{212a}ey", "key"),      // Kelvin sign: Go's simple folding, lower case
+        ("cl\u{131}ent", "client"), // dotless ı: .NET's ToUpperInvariant
+        ("FLIGHTLOCK", "flightlock"),
+    ] {
+        assert!(reads_as(name, ascii), "{name} / {ascii}");
+    }
+    for (name, ascii) in [
+        ("custo", "custom"),
+        ("customs", "custom"),
+        ("cu\u{17f}\u{17f}om", "custom"),
+        ("c\u{fc}stom", "custom"),
+        ("cl\u{130}ent", "client"), // İ lower-cases to two characters
+    ] {
+        assert!(!reads_as(name, ascii), "{name} / {ascii}");
+    }
+    assert!(is_reserved("FlightLockTicket"));
+    assert!(is_reserved("flightlock"));
+    assert!(!is_reserved("flight"));
+    assert!(is_reserved("flightloc\u{212a}")); // the Kelvin sign folds to k
+}
+
+#[test]
+fn reserved_look_alikes_inside_custom_are_removed() {
+    let caller = br#"{"custom":{"FlightlockTicket":"9","FLIGHTLOCKKEY":"k","a":"b"}}"#;
+    let merged = read(Some(&caller[..])).unwrap().merge(None);
+    let v: Value = serde_json::from_str(&merged.value).unwrap();
+    assert_eq!(v["custom"], json!({"a": "b"}), "{v}");
+    assert_eq!(merged.removed, 2);
 }
