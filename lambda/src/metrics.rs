@@ -1,8 +1,11 @@
 //! CloudWatch Embedded Metric Format: one JSON line per value on stdout, which CloudWatch Logs
 //! turns into metrics in namespace [`NAMESPACE`] without an API call. Used by the gate (both
-//! adapters) and the extension.
+//! adapters), the extension, and the record locks a handler takes (`records`, through the
+//! extension's lock API or the in-process layer's `records()`), whose metrics are named
+//! `RecordLock*` so that they never add up with the gate's.
 
 use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Metric namespace.
@@ -49,6 +52,18 @@ pub enum Metric {
     /// An event from the Runtime API could not be gated (no usable request id, unreadable
     /// body) and was failed, never passed on ungated (Count; extension only).
     EventErrors,
+    /// A handler took a record lock (lock API or `records()`; Count).
+    RecordLockAcquired,
+    /// A record lock's key stayed held for the whole wait: the handler was answered busy
+    /// (Count).
+    RecordLockBusy,
+    /// A record lock was found lost when it was given back (its lease ran out or another holder
+    /// took over): the work done under it was not protected (Count).
+    RecordLockLost,
+    /// A record lock could not be taken or given back for another reason: DynamoDB refused or
+    /// did not answer before the invocation's deadline, the key allows another number of
+    /// holders, or it runs a newer protocol (Count).
+    RecordLockErrors,
 }
 
 impl Metric {
@@ -71,6 +86,10 @@ impl Metric {
             Metric::Superseded => "Superseded",
             Metric::TickErrors => "TickErrors",
             Metric::TickMarkErrors => "TickMarkErrors",
+            Metric::RecordLockAcquired => "RecordLockAcquired",
+            Metric::RecordLockBusy => "RecordLockBusy",
+            Metric::RecordLockLost => "RecordLockLost",
+            Metric::RecordLockErrors => "RecordLockErrors",
         }
     }
 
@@ -107,6 +126,8 @@ pub fn emf_line(function: &str, metric: Metric, value: f64, timestamp_ms: u128) 
 pub struct Metrics {
     enabled: bool,
     function: String,
+    /// Where the lines go: stdout, or kept in memory ([`Metrics::captured`]).
+    kept: Option<Arc<Mutex<Vec<String>>>>,
 }
 
 impl Metrics {
@@ -115,7 +136,20 @@ impl Metrics {
         Metrics {
             enabled,
             function: function.into(),
+            kept: None,
         }
+    }
+
+    /// Metrics for `function` whose lines are kept in the returned list instead of printed:
+    /// what a test reads to see what the code emitted.
+    pub fn captured(function: impl Into<String>) -> (Metrics, Arc<Mutex<Vec<String>>>) {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let metrics = Metrics {
+            enabled: true,
+            function: function.into(),
+            kept: Some(kept.clone()),
+        };
+        (metrics, kept)
     }
 
     /// Emits one value.
@@ -128,6 +162,10 @@ impl Metrics {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         let line = emf_line(&self.function, metric, value, now);
+        if let Some(kept) = &self.kept {
+            kept.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            return;
+        }
         // One write per line, so concurrent invocations never interleave inside a line.
         let mut out = std::io::stdout().lock();
         if let Err(e) = out
@@ -165,5 +203,34 @@ mod tests {
         assert_eq!(v["FunctionName"], "f");
         assert_eq!(v["WaitTime"], 12.5);
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn record_lock_metrics_are_counts_under_their_own_names() {
+        for (metric, name) in [
+            (Metric::RecordLockAcquired, "RecordLockAcquired"),
+            (Metric::RecordLockBusy, "RecordLockBusy"),
+            (Metric::RecordLockLost, "RecordLockLost"),
+            (Metric::RecordLockErrors, "RecordLockErrors"),
+        ] {
+            let v: serde_json::Value =
+                serde_json::from_str(&emf_line("f", metric, 1.0, 0)).unwrap();
+            let def = &v["_aws"]["CloudWatchMetrics"][0];
+            assert_eq!(def["Metrics"][0]["Name"], name);
+            assert_eq!(def["Metrics"][0]["Unit"], "Count");
+            assert_eq!(def["Dimensions"], serde_json::json!([["FunctionName"]]));
+            assert_eq!(v[name], 1.0);
+        }
+    }
+
+    #[test]
+    fn captured_metrics_keep_the_lines_they_would_print() {
+        let (metrics, kept) = Metrics::captured("f");
+        metrics.count(Metric::RecordLockBusy);
+        let kept = kept.lock().unwrap();
+        assert_eq!(kept.len(), 1);
+        let v: serde_json::Value = serde_json::from_str(&kept[0]).unwrap();
+        assert_eq!(v["RecordLockBusy"], 1.0);
+        assert_eq!(v["FunctionName"], "f");
     }
 }

@@ -11,6 +11,12 @@
 //! released at once and answered [`RecordError::Ended`]. A key is held at most once per
 //! invocation (a lock is not reentrant: a second acquisition would wait for the first), and at
 //! most [`MAX_HELD`] are held or being acquired at once.
+//!
+//! Each outcome that tells an operator something is counted as an EMF metric named
+//! `RecordLock*` ([`RecordError::metric`]; on with `FLIGHTLOCK_METRICS`, as the gate's): an
+//! acquisition, a busy key, a lock found lost when given back, and an error of DynamoDB or of the
+//! key's configuration. A caller's own mistakes (a key held twice, too many, a release of a key
+//! not held, a call after the end) are answered to the caller and counted nowhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,6 +27,7 @@ use flightlock::{Error, HolderInfo, LockGuard, Locker, ReleaseOutcome, Wait};
 
 use crate::config::Config;
 use crate::gate::{decision_budget, release_budget};
+use crate::metrics::{Metric, Metrics};
 
 /// Locks one invocation may hold (or be acquiring) at once. A batch of 10 SQS records needs
 /// 10; a handler that locks the records of a larger batch one after another needs one.
@@ -80,6 +87,23 @@ pub enum RecordError {
     },
 }
 
+impl RecordError {
+    /// The metric this outcome counts, if any (see the module docs). Pure.
+    pub fn metric(&self) -> Option<Metric> {
+        match self {
+            RecordError::Busy { .. } => Some(Metric::RecordLockBusy),
+            RecordError::Lost { .. } => Some(Metric::RecordLockLost),
+            RecordError::NoDecision { .. } => Some(Metric::RecordLockErrors),
+            RecordError::Lock(e) if matches!(**e, Error::InvalidKey { .. }) => None,
+            RecordError::Lock(_) => Some(Metric::RecordLockErrors),
+            RecordError::Ended
+            | RecordError::AlreadyHeld { .. }
+            | RecordError::TooMany
+            | RecordError::NotHeld { .. } => None,
+        }
+    }
+}
+
 /// A lock taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acquired {
@@ -113,6 +137,7 @@ pub struct Records {
     config: Arc<Config>,
     holder: HolderInfo,
     deadline: Option<SystemTime>,
+    metrics: Metrics,
     state: Mutex<State>,
 }
 
@@ -129,20 +154,47 @@ struct State {
 impl Records {
     /// The locks of an invocation due at `deadline`, taken through `locker` with `config`'s
     /// lease, heartbeat, clock skew, margin and defaults (`FLIGHTLOCK_WAIT`,
-    /// `FLIGHTLOCK_PERMITS`), written into rows as held by `holder`.
+    /// `FLIGHTLOCK_PERMITS`), written into rows as held by `holder`. Metrics follow
+    /// `config.metrics`, as the gate's.
     pub fn new(
         locker: Locker,
         config: Arc<Config>,
         holder: HolderInfo,
         deadline: Option<SystemTime>,
     ) -> Records {
+        let metrics = Metrics::new(
+            config.metrics,
+            config.function_name.clone().unwrap_or_default(),
+        );
         Records {
             locker,
             config,
             holder,
             deadline,
+            metrics,
             state: Mutex::default(),
         }
+    }
+
+    /// The same, counting its outcomes in `metrics` (a test's [`Metrics::captured`], say).
+    pub fn with_metrics(self, metrics: Metrics) -> Records {
+        Records { metrics, ..self }
+    }
+
+    /// Counts `outcome`'s metric, if it has one.
+    fn count<T>(
+        &self,
+        outcome: Result<T, RecordError>,
+        ok: Option<Metric>,
+    ) -> Result<T, RecordError> {
+        let metric = match &outcome {
+            Ok(_) => ok,
+            Err(e) => e.metric(),
+        };
+        if let Some(metric) = metric {
+            self.metrics.count(metric);
+        }
+        outcome
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -160,6 +212,17 @@ impl Records {
     /// Takes the lock of `key`, waiting `wait` (default `FLIGHTLOCK_WAIT`; cut at the deadline
     /// minus the margin) with `permits` (default `FLIGHTLOCK_PERMITS`).
     pub async fn acquire(
+        &self,
+        key: &str,
+        wait: Option<Wait>,
+        permits: Option<u32>,
+    ) -> Result<Acquired, RecordError> {
+        let outcome = self.take(key, wait, permits).await;
+        self.count(outcome, Some(Metric::RecordLockAcquired))
+    }
+
+    /// [`Records::acquire`], uncounted.
+    async fn take(
         &self,
         key: &str,
         wait: Option<Wait>,
@@ -229,6 +292,12 @@ impl Records {
 
     /// Gives back the lock of `key`: the next waiter gets it at once.
     pub async fn release(&self, key: &str) -> Result<(), RecordError> {
+        let outcome = self.give_back(key).await;
+        self.count(outcome, None)
+    }
+
+    /// [`Records::release`], uncounted.
+    async fn give_back(&self, key: &str) -> Result<(), RecordError> {
         let guard = self
             .state()
             .held
@@ -298,12 +367,15 @@ impl Records {
         match tokio::time::timeout(release_budget(self.left()), guard.release()).await {
             Ok(Ok(ReleaseOutcome::Released)) => tracing::info!(%key, "record lock released"),
             Ok(Ok(ReleaseOutcome::Lost)) => {
+                self.metrics.count(Metric::RecordLockLost);
                 tracing::warn!(%key, "the record lock had been lost before the invocation ended")
             }
             Ok(Err(e)) => {
+                self.metrics.count(Metric::RecordLockErrors);
                 tracing::error!(error = %e, %key, "record lock release failed; the row lapses within its lease")
             }
             Err(_) => {
+                self.metrics.count(Metric::RecordLockErrors);
                 tracing::error!(%key, "record lock release did not finish in time; the row lapses within its lease")
             }
         }
@@ -393,6 +465,103 @@ mod tests {
         records.state().closed = true;
         drop(r);
         assert!(matches!(records.reserve("b"), Err(RecordError::Ended)));
+    }
+
+    #[test]
+    fn each_outcome_counts_its_own_metric_and_a_callers_mistake_none() {
+        let lock = |e: Error| RecordError::Lock(Box::new(e));
+        let invalid = flightlock::schema::validate_key("").unwrap_err();
+        assert!(matches!(invalid, Error::InvalidKey { .. }), "{invalid:?}");
+        let busy = RecordError::Busy {
+            error: Box::new(Error::Busy {
+                key: "k".into(),
+                waited: Duration::ZERO,
+                holders: Vec::new(),
+                permits: 1,
+            }),
+            holders: Vec::new(),
+            cut: String::new(),
+        };
+        let cases = [
+            (busy, Some(Metric::RecordLockBusy)),
+            (
+                RecordError::Lost {
+                    key: "k".into(),
+                    token: 3,
+                },
+                Some(Metric::RecordLockLost),
+            ),
+            (
+                RecordError::NoDecision {
+                    key: "k".into(),
+                    budget: Duration::from_secs(1),
+                },
+                Some(Metric::RecordLockErrors),
+            ),
+            (
+                lock(Error::PermitsMismatch {
+                    key: "k".into(),
+                    table: 2,
+                    configured: 1,
+                }),
+                Some(Metric::RecordLockErrors),
+            ),
+            (lock(invalid), None),
+            (RecordError::Ended, None),
+            (RecordError::AlreadyHeld { key: "k".into() }, None),
+            (RecordError::TooMany, None),
+            (RecordError::NotHeld { key: "k".into() }, None),
+        ];
+        for (error, metric) in cases {
+            assert_eq!(error.metric(), metric, "{error:?}");
+        }
+    }
+
+    /// The metric names of the lines kept by a captured `Metrics`.
+    fn names(kept: &Mutex<Vec<String>>) -> Vec<String> {
+        kept.lock()
+            .unwrap()
+            .iter()
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn acquisitions_and_releases_emit_their_lines() {
+        let (metrics, kept) = Metrics::captured("f");
+        let records = records().with_metrics(metrics);
+        // A caller's mistakes: answered, not counted.
+        assert!(matches!(
+            records.acquire("", None, None).await,
+            Err(RecordError::Lock(_))
+        ));
+        let pending = records.reserve("a").unwrap();
+        assert!(matches!(
+            records.acquire("a", None, None).await,
+            Err(RecordError::AlreadyHeld { .. })
+        ));
+        drop(pending);
+        assert!(matches!(
+            records.release("a").await,
+            Err(RecordError::NotHeld { .. })
+        ));
+        assert_eq!(names(&kept), Vec::<String>::new());
+        // This client has no region and no endpoint: DynamoDB cannot be asked, an error of the
+        // lock, counted once.
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(20),
+            records.acquire("b", Some(Wait::NoWait), None),
+        )
+        .await
+        .expect("an answer within 20 s");
+        assert!(matches!(outcome, Err(RecordError::Lock(_))), "{outcome:?}");
+        assert_eq!(names(&kept), ["RecordLockErrors"]);
     }
 
     #[test]

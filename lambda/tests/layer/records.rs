@@ -115,3 +115,59 @@ async fn records_are_held_while_the_handler_runs_and_released_when_it_returns() 
 async fn outside_a_handler_behind_the_layer_there_are_no_records() {
     assert!(flightlock_lambda::records().is_none());
 }
+
+/// The metrics of record locks, as a handler's calls emit them against DynamoDB Local: one
+/// invocation takes a key (`RecordLockAcquired`), another finds it busy (`RecordLockBusy`), and
+/// the release that follows counts nothing.
+#[tokio::test]
+async fn record_locks_emit_acquired_and_busy() {
+    use flightlock_lambda::metrics::Metrics;
+    use flightlock_lambda::records::Records;
+
+    let (_, locker, table) = layer("inproc_records_metrics", &[]).await;
+    let env: HashMap<String, String> = [
+        ("FLIGHTLOCK_TABLE", table.as_str()),
+        ("AWS_LAMBDA_FUNCTION_NAME", "nightly"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let config = Arc::new(Config::from_map(&env).unwrap());
+    let deadline = Some(SystemTime::now() + Duration::from_secs(60));
+    let invocation = |id: &str, metrics: Metrics| {
+        let holder = flightlock::HolderInfo {
+            request_id: Some(id.to_owned()),
+            ..flightlock::HolderInfo::default()
+        };
+        Records::new(locker.clone(), config.clone(), holder, deadline).with_metrics(metrics)
+    };
+    let (first_metrics, first_lines) = Metrics::captured("nightly");
+    let (second_metrics, second_lines) = Metrics::captured("nightly");
+    let first = invocation("req-1", first_metrics);
+    let second = invocation("req-2", second_metrics);
+    first
+        .acquire("order-9", Some(Wait::NoWait), None)
+        .await
+        .unwrap();
+    let busy = second.acquire("order-9", Some(Wait::NoWait), None).await;
+    assert!(matches!(busy, Err(RecordError::Busy { .. })), "{busy:?}");
+    first.release("order-9").await.unwrap();
+    let names = |lines: &Mutex<Vec<String>>| -> Vec<String> {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                assert_eq!(v["FunctionName"], "nightly", "{v}");
+                v["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(names(&first_lines), ["RecordLockAcquired"]);
+    assert_eq!(names(&second_lines), ["RecordLockBusy"]);
+    assert_eq!(second.close().await, 0);
+}

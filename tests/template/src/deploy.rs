@@ -143,6 +143,8 @@ const TABLE_PART: &[&str] = &[
     "UnenforcedInvocationsAlarm",
     "LockLostAlarm",
     "LockErrorsAlarm",
+    "RecordLockLostAlarm",
+    "RecordLockErrorsAlarm",
     "SweepIncompleteAlarm",
     "SweepErrorsAlarm",
     "FlightlockDashboard",

@@ -468,6 +468,8 @@ fn alarms_watch_metrics_the_code_emits_and_notify_the_optional_topic() {
         "UnenforcedInvocations",
         "LockLost",
         "LockErrors",
+        "RecordLockLost",
+        "RecordLockErrors",
         "SweepIncomplete",
         "SweepErrors",
     ] {

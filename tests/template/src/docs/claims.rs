@@ -345,8 +345,9 @@ fn every_skip_body_shown_has_the_codes_fields() {
 }
 
 /// Where each metric is emitted: `Metric::X` outside its own definition and outside tests, in
-/// the gate (`lambda/src/gate.rs`, both adapters), the in-process layer (`lambda/src/layer.rs`)
-/// or the extension (`extension/src`).
+/// the gate (`lambda/src/gate.rs`) or the record locks (`lambda/src/records.rs`), both shared
+/// by the two adapters, the in-process layer (`lambda/src/layer.rs`) or the extension
+/// (`extension/src`).
 fn metric_sources() -> BTreeMap<String, &'static str> {
     fn code(path: &Path) -> String {
         let text = std::fs::read_to_string(path).unwrap();
@@ -368,6 +369,7 @@ fn metric_sources() -> BTreeMap<String, &'static str> {
     };
     let mut gate = vec![root.join("lambda/src/gate.rs")];
     gate.extend(crate::rust_files(&root.join("lambda/src/gate"), &[]));
+    gate.push(root.join("lambda/src/records.rs"));
     for f in gate {
         scan(&code(&f), "gate");
     }
@@ -395,7 +397,9 @@ fn metric_sources() -> BTreeMap<String, &'static str> {
 fn metric_source_problems(doc: &str) -> Vec<String> {
     let sources = metric_sources();
     let mut problems = Vec::new();
-    for (metric, c) in table(&section(doc, "## Metrics of a gated function")) {
+    let mut rows = table(&section(doc, "## Metrics of a gated function"));
+    rows.extend(table(&section(doc, "## Metrics of record locks")));
+    for (metric, c) in rows {
         let cell = c.get(1).map(|s| s.trim_matches('`')).unwrap_or_default();
         match sources.get(&metric) {
             Some(from) if *from == cell => {}
@@ -416,6 +420,13 @@ fn the_metric_reference_says_which_adapter_emits_each_metric() {
     let broken = doc.replacen(
         "| `UnenforcedInvocations` | `extension` |",
         "| `UnenforcedInvocations` | `both` |",
+        1,
+    );
+    assert_ne!(broken, doc);
+    assert!(!metric_source_problems(&broken).is_empty());
+    let broken = doc.replacen(
+        "| `RecordLockBusy` | `both` |",
+        "| `RecordLockBusy` | `extension` |",
         1,
     );
     assert_ne!(broken, doc);
