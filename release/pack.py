@@ -96,7 +96,8 @@ def zip_kind(name: str) -> tuple[str, str]:
 
 
 def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
-    """Writes SHA256SUMS and manifest.json for every zip and SBOM in `dist`; enforces the size gate."""
+    """Writes SHA256SUMS and manifest.json for every zip, SBOM and packaged template in `dist`;
+    enforces the size gate."""
     zips = sorted(p for p in dist.glob("*.zip"))
     if not zips:
         raise PackError(f"{dist}: no zips to seal")
@@ -123,6 +124,8 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
     if over:
         raise PackError("size gate: " + "; ".join(over) + " (release/pack.py LAYER_ZIP_LIMIT, FUNCTION_ZIP_LIMIT)")
     sboms = sorted(p.name for p in dist.glob("*.cdx.json"))
+    # The packaged template (release/template.py), if the release has one.
+    templates = sorted(p.name for p in dist.glob("template.yaml"))
     manifest = {
         "name": "flightlock",
         "version": version,
@@ -130,9 +133,10 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
         "dirty": dirty,
         "zips": entries,
         "sboms": [{"file": s, "sha256": sha256_hex(dist / s)} for s in sboms],
+        "templates": [{"file": s, "sha256": sha256_hex(dist / s)} for s in templates],
     }
     (dist / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    sums = [(e["sha256"], e["file"]) for e in entries] + [(sha256_hex(dist / s), s) for s in sboms]
+    sums = [(e["sha256"], e["file"]) for e in entries] + [(sha256_hex(dist / s), s) for s in sboms + templates]
     sums.append((sha256_hex(dist / "manifest.json"), "manifest.json"))
     (dist / "SHA256SUMS").write_text("".join(f"{h}  {n}\n" for h, n in sorted(sums, key=lambda x: x[1])))
     return manifest
@@ -168,7 +172,7 @@ def load_verified(dist: Path) -> dict:
         kind, arch = zip_kind(e["file"])
         if (kind, arch) != (e["kind"], e["architecture"]):
             raise PackError(f"{path}: {e['file']} is listed as {e['kind']}/{e['architecture']}")
-    for s in manifest.get("sboms", []):
+    for s in manifest.get("sboms", []) + manifest.get("templates", []):
         if sha256_hex(dist / s["file"]) != s["sha256"]:
             raise PackError(f"{dist / s['file']}: sha256 is not the manifest's")
     return manifest

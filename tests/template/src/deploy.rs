@@ -100,9 +100,14 @@ fn references(t: &Value, params: &BTreeMap<&str, &str>, v: &Value, out: &mut BTr
                         Value::Sequence(s) => s[0].as_str().unwrap(),
                         other => panic!("Sub {other:?}"),
                     };
+                    // The list form's own variables ({Version: ...}) are not references.
+                    let local = match &tv.value {
+                        Value::Sequence(s) => s[1].as_mapping().cloned().unwrap_or_default(),
+                        _ => Default::default(),
+                    };
                     for part in text.split("${").skip(1) {
                         let name = part.split('}').next().unwrap();
-                        if !name.starts_with('!') {
+                        if !name.starts_with('!') && !local.contains_key(name) {
                             out.insert(name.split('.').next().unwrap().to_owned());
                         }
                     }
@@ -133,10 +138,13 @@ const LAYER_PART: &[&str] = &[
     "FlightlockLayerArm64",
     "FlightlockLayerX86Parameter",
     "FlightlockLayerArm64Parameter",
+    "FlightlockLayerX86VersionParameter",
+    "FlightlockLayerArm64VersionParameter",
 ];
 const TABLE_PART: &[&str] = &[
     "LockTable",
     "LockTableNameParameter",
+    "LockTableStackParameter",
     "LockUserPolicy",
     "LockUserPolicyParameter",
     "CleanupFunction",
@@ -237,12 +245,15 @@ fn publisher_prefix() -> String {
         .to_owned()
 }
 
-/// The SSM parameters the template writes: name (with the default prefix) → the resource its
-/// value is `!Ref` of.
+/// The SSM parameters the template writes: name (with the default prefix and the Release
+/// mapping's version) → the resource its value is `!Ref` of.
 fn ssm_parameters(t: &Value) -> BTreeMap<String, String> {
     let prefix = t["Parameters"]["ParameterPrefix"]["Default"]
         .as_str()
         .unwrap();
+    let version = t["Mappings"]["Release"]["flightlock"]["Version"]
+        .as_str()
+        .expect("template.yaml: Mappings.Release.flightlock.Version");
     let mut out = BTreeMap::new();
     for (name, r) in t["Resources"].as_mapping().unwrap() {
         if r["Type"].as_str() != Some("AWS::SSM::Parameter") {
@@ -253,19 +264,55 @@ fn ssm_parameters(t: &Value) -> BTreeMap<String, String> {
         let Value::Tagged(sub) = &p["Name"] else {
             panic!("{name}: Name is not a !Sub")
         };
-        let text = sub.value.as_str().unwrap();
-        // The prefix and fixed words only: a name that changes with the stack's contents (a
-        // version) would replace the parameter on each release.
+        // The prefix and fixed words, or the release's version as ${Version} from the Release
+        // mapping (nothing else that changes with the stack's contents).
+        let (text, versioned) = match &sub.value {
+            Value::String(s) => (s.as_str(), false),
+            Value::Sequence(s) => {
+                let vars = s[1].as_mapping().unwrap();
+                assert_eq!(vars.len(), 1, "{name}: {vars:?}");
+                let Value::Tagged(find) = &s[1]["Version"] else {
+                    panic!("{name}: ${{Version}} is not !FindInMap")
+                };
+                assert_eq!(find.tag, "FindInMap", "{name}");
+                let path: Vec<&str> = find
+                    .value
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap())
+                    .collect();
+                assert_eq!(path, ["Release", "flightlock", "Version"], "{name}");
+                (s[0].as_str().unwrap(), true)
+            }
+            other => panic!("{name}: Name {other:?}"),
+        };
         let rest = text
             .strip_prefix("${ParameterPrefix}/")
             .unwrap_or_else(|| panic!("{name}: {text} does not start with the prefix"));
+        let rest = if versioned {
+            rest.strip_suffix("/${Version}")
+                .map(|r| format!("{r}/{version}"))
+                .unwrap_or_else(|| panic!("{name}: {text} does not end with /${{Version}}"))
+        } else {
+            rest.to_owned()
+        };
         assert!(!rest.contains('$'), "{name}: {text}");
         assert_eq!(p["Type"].as_str(), Some("String"), "{name}");
         for policy in ["DeletionPolicy", "UpdateReplacePolicy"] {
-            assert!(
-                r[policy].is_null(),
-                "{name}: {policy} (an orphan would block a later deploy)"
-            );
+            let got = serde_yaml_ng::to_string(&r[policy]).unwrap();
+            let want = if versioned {
+                // Replaced each release: the previous release's name stays for the functions
+                // still pinned to it.
+                "Retain"
+            } else if rest.starts_with("table/name") || rest.starts_with("table/stack") {
+                // Kept with the table, so a table part turned off and on is refused.
+                "!Ref TableDeletionPolicy"
+            } else {
+                // A fixed name that is deleted with its part: an orphan would block a later deploy.
+                "null"
+            };
+            assert_eq!(got.trim(), want, "{name}: {policy}");
         }
         let value = ref_name(&p["Value"]).unwrap_or_else(|| panic!("{name}: Value"));
         out.insert(format!("{prefix}/{rest}"), value.to_owned());
@@ -287,7 +334,19 @@ fn functions_find_the_layer_and_the_table_in_ssm_under_the_publishers_names() {
             format!("{publisher}/arm64/latest"),
             "FlightlockLayerArm64".to_owned(),
         ),
+        (
+            format!("{publisher}/x86_64/{}", env!("CARGO_PKG_VERSION")),
+            "FlightlockLayerX86".to_owned(),
+        ),
+        (
+            format!("{publisher}/arm64/{}", env!("CARGO_PKG_VERSION")),
+            "FlightlockLayerArm64".to_owned(),
+        ),
         ("/flightlock/table/name".to_owned(), "LockTable".to_owned()),
+        (
+            "/flightlock/table/stack".to_owned(),
+            "AWS::StackId".to_owned(),
+        ),
         (
             "/flightlock/table/lock-user-policy".to_owned(),
             "LockUserPolicy".to_owned(),
@@ -425,6 +484,7 @@ fn attach_problem_tells_the_forms_apart() {
             "Layers",
             "'{{resolve:ssm:/flightlock/layer/arm64/latest:3}}'",
         ),
+        ("Layers", "'{{resolve:ssm:/flightlock/layer/x86_64/0.1.0}}'"),
         ("Layers", "!GetAtt FlightlockLayer.Outputs.LayerVersionArn"),
         (
             "FLIGHTLOCK_TABLE",
@@ -439,8 +499,9 @@ fn attach_problem_tells_the_forms_apart() {
     }
     for bad in [
         ("Layers", "!ImportValue flightlock-FlightlockLayerX86Arn"),
-        ("Layers", "'{{resolve:ssm:/flightlock/layer/x86_64/0.1.0}}'"),
+        ("Layers", "'{{resolve:ssm:/flightlock/layer/x86_64/0.0.9}}'"),
         ("Layers", "'{{resolve:ssm:/flightlock/table/name}}'"),
+        ("Layers", "'{{resolve:ssm:/flightlock/table/stack}}'"),
         ("Layers", "arn:aws:lambda:eu-west-1:123456789012:layer:x:1"),
         (
             "FLIGHTLOCK_TABLE",
