@@ -218,9 +218,27 @@ async fn batches_over_three_entities_lock_each_record_and_redeliver_the_busy_one
     for d in &done {
         *by_env.entry(d["env"].as_str().unwrap()).or_default() += 1;
     }
+    // The extensions counted the record locks (EMF lines on stdout, in each environment's log):
+    // one RecordLockAcquired per record processed, and a RecordLockBusy for the busy answers
+    // (a record after a busy one of its entity is failed without asking).
+    let emitted = |metric: &str| -> usize {
+        envs.iter()
+            .map(|e| e.log().matches(&format!("\"{metric}\":1.0")).count())
+            .sum()
+    };
+    assert_eq!(
+        emitted("RecordLockAcquired"),
+        30,
+        "one RecordLockAcquired per record processed"
+    );
+    let busy_lines = emitted("RecordLockBusy");
+    assert!(
+        (1..=busy).contains(&busy_lines),
+        "{busy_lines} RecordLockBusy lines for {busy} busy records"
+    );
     eprintln!(
-        "records: 30 records in {rounds} rounds, {busy} busy and redelivered, {took:.1?}, \
-         processed by {by_env:?}"
+        "records: 30 records in {rounds} rounds, {busy} busy and redelivered ({busy_lines} busy \
+         answers counted), {took:.1?}, processed by {by_env:?}"
     );
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
