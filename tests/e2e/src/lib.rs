@@ -54,6 +54,8 @@ pub const RIE_ENV: &str = "FLIGHTLOCK_RIE";
 pub const PYTHON_ENV: &str = "FLIGHTLOCK_PYTHON";
 /// Env var with the npm `aws-lambda-ric` entry point (set by `scripts/node-tools`).
 pub const NODE_RIC_ENV: &str = "FLIGHTLOCK_NODE_RIC";
+/// Env var with the Go runtime `tests/e2e/runtimes/go` built (set by `scripts/go-tools`).
+pub const GO_RUNTIME_ENV: &str = "FLIGHTLOCK_GO_RUNTIME";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -75,10 +77,10 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 fn tool(var: &str) -> PathBuf {
-    let script = if var == NODE_RIC_ENV {
-        "scripts/node-tools"
-    } else {
-        "scripts/e2e-tools"
+    let script = match var {
+        NODE_RIC_ENV => "scripts/node-tools",
+        GO_RUNTIME_ENV => "scripts/go-tools",
+        _ => "scripts/e2e-tools",
     };
     let path = std::env::var(var).unwrap_or_else(|_| {
         panic!("{var} is not set: run `eval \"$({script})\"` first (it installs the tool into .tools/ and exports {var})")
@@ -113,6 +115,10 @@ pub enum Runtime {
     Raw,
     /// `tests/e2e/runtimes/node_handler.mjs` under the npm `aws-lambda-ric` on Node.js.
     Node,
+    /// `tests/e2e/runtimes/go` built as `bootstrap`: an OS-only runtime (`provided.al2023`) in Go,
+    /// started through the wrapper, whose client context Go's `encoding/json` reads into the
+    /// shape aws-lambda-go declares.
+    Go,
     /// `tests/e2e/runtimes/curl_bootstrap.sh` as `bootstrap`: a bash + curl custom runtime as in
     /// the AWS tutorial, one short-lived curl process per Runtime API request.
     Curl,
@@ -309,6 +315,7 @@ impl Env {
                 command.push(workspace_bin("demo-rust").display().to_string());
             }
             Runtime::Curl => command.push(task.join("bootstrap").display().to_string()),
+            Runtime::Go => command.push(tool(GO_RUNTIME_ENV).display().to_string()),
             Runtime::Node => {
                 command.push("node".into());
                 command.push(tool(NODE_RIC_ENV).display().to_string());

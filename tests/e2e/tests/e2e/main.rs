@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod client_context;
+mod context_readers;
 mod curl_runtime;
 mod deadline;
 mod extension;

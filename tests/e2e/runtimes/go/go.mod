@@ -1,0 +1,3 @@
+module flightlock.test/goruntime
+
+go 1.19
