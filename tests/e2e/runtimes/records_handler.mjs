@@ -1,9 +1,10 @@
 // A batch consumer for the end-to-end tests (tests/e2e/tests/e2e/records.rs), run by the npm
-// aws-lambda-ric: the SQS recipe's handler (docs/src/recipes/sqs/sqs_batch.mjs) with the guide's
-// client (docs/src/guide/lock-api/flightlock_locks.mjs), both copied beside this file, and a
-// process() that records each record's interval. The same event fields as records_handler.py.
+// aws-lambda-ric: the SQS recipe's handler (docs/src/recipes/sqs/sqs_batch.mjs, copied beside
+// this file) with the package flightlock from the layer (/opt/nodejs/node_modules, through
+// NODE_PATH), and a process() that records each record's interval. The same event fields as
+// records_handler.py.
 import { appendFileSync, existsSync } from "node:fs";
-import { LockApiError, Locks } from "./flightlock_locks.mjs";
+import { LockApiError, Locks } from "flightlock";
 import { handleBatch } from "./sqs_batch.mjs";
 
 // Epoch nanoseconds, below the millisecond, as an exact integer string.

@@ -54,6 +54,9 @@ pub const RIE_ENV: &str = "FLIGHTLOCK_RIE";
 pub const PYTHON_ENV: &str = "FLIGHTLOCK_PYTHON";
 /// Env var with the npm `aws-lambda-ric` entry point (set by `scripts/node-tools`).
 pub const NODE_RIC_ENV: &str = "FLIGHTLOCK_NODE_RIC";
+/// Env var with a `node_modules` holding `@aws-lambda-powertools/batch` (set by
+/// `scripts/node-tools`).
+pub const NODE_POWERTOOLS_ENV: &str = "FLIGHTLOCK_NODE_POWERTOOLS";
 /// Env var with the Go runtime `tests/e2e/runtimes/go` built (set by `scripts/go-tools`).
 pub const GO_RUNTIME_ENV: &str = "FLIGHTLOCK_GO_RUNTIME";
 
@@ -127,8 +130,14 @@ pub enum Runtime {
     /// (`docs/src/guide/lock-api/flightlock_locks.py`), the very files the guide includes.
     PythonRecords,
     /// `tests/e2e/runtimes/records_handler.mjs` under `aws-lambda-ric`: the same with the
-    /// Node.js recipe and client (`sqs_batch.mjs`, `flightlock_locks.mjs`).
+    /// Node.js recipe (`sqs_batch.mjs`), which imports the package `flightlock` from the layer's
+    /// `/opt/nodejs/node_modules` ([`layer_node_client`]).
     NodeRecords,
+    /// `tests/e2e/runtimes/powertools_handler.mjs` under `aws-lambda-ric`: the SQS recipe's FIFO
+    /// consumer on Powertools' `SqsFifoPartialProcessorAsync`
+    /// (`docs/src/recipes/sqs/sqs_fifo_powertools.mjs`), `flightlock/powertools` imported from
+    /// the layer and Powertools from the function's `node_modules` ([`NODE_POWERTOOLS_ENV`]).
+    NodePowertools,
     /// `tests/e2e/runtimes/records_bootstrap.sh`: a bash + curl custom runtime whose handler
     /// locks one key per event with the guide's shell client
     /// (`docs/src/guide/lock-api/flightlock_locks.sh`).
@@ -143,10 +152,6 @@ pub const RECORD_FILES: &[(&str, &str)] = &[
         "flightlock_locks.py",
     ),
     (
-        "docs/src/guide/lock-api/flightlock_locks.mjs",
-        "flightlock_locks.mjs",
-    ),
-    (
         "docs/src/guide/lock-api/flightlock_locks.sh",
         "flightlock_locks.sh",
     ),
@@ -156,6 +161,14 @@ pub const RECORD_FILES: &[(&str, &str)] = &[
     ),
     ("docs/src/recipes/sqs/sqs_batch.py", "sqs_batch.py"),
     ("docs/src/recipes/sqs/sqs_batch.mjs", "sqs_batch.mjs"),
+    (
+        "docs/src/recipes/sqs/sqs_fifo_powertools.mjs",
+        "sqs_fifo_powertools.mjs",
+    ),
+    (
+        "tests/e2e/runtimes/powertools_handler.mjs",
+        "powertools_handler.mjs",
+    ),
     (
         "tests/e2e/runtimes/records_handler.py",
         "records_handler.py",
@@ -268,6 +281,7 @@ impl Env {
                 opt.join("extensions/flightlock"),
             )
             .unwrap();
+            layer_node_client(&opt);
         }
         std::fs::copy(
             repo_root().join("extension/layer/flightlock-wrapper"),
@@ -338,6 +352,11 @@ impl Env {
                 command.push(tool(NODE_RIC_ENV).display().to_string());
                 command.push("records_handler.handler".into());
             }
+            Runtime::NodePowertools => {
+                command.push("node".into());
+                command.push(tool(NODE_RIC_ENV).display().to_string());
+                command.push("powertools_handler.handler".into());
+            }
         }
 
         let port = free_port();
@@ -406,8 +425,32 @@ impl Env {
             Runtime::Python | Runtime::PythonRecords => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
             }
-            Runtime::Node | Runtime::NodeRecords => {
+            Runtime::Node | Runtime::NodeRecords | Runtime::NodePowertools => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_nodejs20.x".into());
+                // As Lambda's Node.js runtimes set it (a layer's nodejs/node_modules on it), with
+                // the managed runtime's ES module lookup on NODE_PATH, which aws-lambda-ric lacks
+                // (tests/e2e/runtimes/node_path_esm.mjs says how).
+                env.insert(
+                    "NODE_PATH".into(),
+                    "/opt/nodejs/node20/node_modules:/opt/nodejs/node_modules".into(),
+                );
+                env.insert(
+                    "NODE_OPTIONS".into(),
+                    format!(
+                        "--import {}",
+                        repo_root()
+                            .join("tests/e2e/runtimes/node_path_esm.mjs")
+                            .display()
+                    ),
+                );
+                if matches!(spec.runtime, Runtime::NodePowertools) {
+                    // The function's own node_modules, as its deployment package bundles it.
+                    std::os::unix::fs::symlink(
+                        tool_dir(NODE_POWERTOOLS_ENV),
+                        task.join("node_modules"),
+                    )
+                    .unwrap();
+                }
             }
             _ => {}
         }
@@ -530,6 +573,41 @@ impl Env {
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A directory named by `var` (set by `scripts/node-tools`).
+fn tool_dir(var: &str) -> PathBuf {
+    let path = PathBuf::from(std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run `eval \"$(scripts/node-tools)\"` first")
+    }));
+    assert!(
+        path.is_dir(),
+        "{var}={} does not exist; re-run `eval \"$(scripts/node-tools)\"`",
+        path.display()
+    );
+    path
+}
+
+/// The layer's Node.js package, as the layer zip carries it: `clients/node`'s files (its
+/// package.json `files`, and package.json) in `opt/nodejs/node_modules/flightlock`, which
+/// Lambda's Node.js runtimes find on `NODE_PATH`.
+pub fn layer_node_client(opt: &Path) {
+    let from = repo_root().join("clients/node");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(from.join("package.json")).unwrap()).unwrap();
+    let to = opt.join("nodejs/node_modules/flightlock");
+    std::fs::create_dir_all(&to).unwrap();
+    let files = manifest["files"]
+        .as_array()
+        .expect("clients/node/package.json has files");
+    for file in files
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .chain(["package.json"])
+    {
+        std::fs::copy(from.join(file), to.join(file))
+            .unwrap_or_else(|e| panic!("clients/node/{file}: {e}"));
     }
 }
 

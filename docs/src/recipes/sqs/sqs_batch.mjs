@@ -1,5 +1,5 @@
 // An SQS batch handler with a lock per entity (FLIGHTLOCK_GATE=off, ReportBatchItemFailures).
-import { Locks } from "./flightlock_locks.mjs";
+import { Locks } from "flightlock"; // the layer carries it (/opt/nodejs/node_modules)
 
 // Your work on one record, under its entity's lock. Pass `token` (the fencing token) to what
 // you write, so a writer whose lock was lost is refused there.

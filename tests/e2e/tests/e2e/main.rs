@@ -13,6 +13,7 @@ mod extension;
 mod managed_instances;
 mod managed_instances_processes;
 mod memory;
+mod node_powertools;
 mod node_runtime;
 mod platform_modes;
 mod records;
