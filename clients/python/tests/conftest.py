@@ -28,6 +28,7 @@ def api() -> Iterator[tuple[StandIn, dict[str, str]]]:
     environ = {
         "AWS_LAMBDA_RUNTIME_API": address,
         "AWS_LAMBDA_EXEC_WRAPPER": "/opt/flightlock-wrapper",
+        "_FLIGHTLOCK_RUNTIME_PID": "1",
         "AWS_SESSION_TOKEN": "session-token",
     }
     yield state, environ

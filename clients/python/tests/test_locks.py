@@ -129,7 +129,7 @@ def test_the_session_token_is_sent_and_checked(api: Api, context: Context) -> No
     ("drop", "fix"),
     [
         ("AWS_LAMBDA_RUNTIME_API", "attach the flightlock layer"),
-        ("AWS_LAMBDA_EXEC_WRAPPER", "AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper"),
+        ("_FLIGHTLOCK_RUNTIME_PID", "AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper"),
         ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN is not set"),
     ],
 )
@@ -162,7 +162,7 @@ def test_nothing_listening_names_the_fix(context: Context) -> None:
         port = s.getsockname()[1]  # closed when the block ends: nothing listens there
     environ = {
         "AWS_LAMBDA_RUNTIME_API": f"127.0.0.1:{port}",
-        "AWS_LAMBDA_EXEC_WRAPPER": "/opt/flightlock-wrapper",
+        "_FLIGHTLOCK_RUNTIME_PID": "1",
         "AWS_SESSION_TOKEN": "t",
     }
     with pytest.raises(LockApiUnavailable) as e:
@@ -185,3 +185,9 @@ def test_the_refusal_words_are_the_extensions() -> None:
     assert len(words) > 10, words
     assert words == set(flightlock.REFUSALS)
     assert flightlock.NOT_CONFIGURED not in words
+
+
+def test_the_wrapper_marks_the_runtime_it_starts() -> None:
+    # The client knows the runtime talks to the proxy by the variable the wrapper exports.
+    wrapper = Path(os.environ["FLIGHTLOCK_LAYER_WRAPPER"]).read_text()
+    assert re.search(rf"^export .*\b{flightlock.WRAPPED}\b", wrapper, re.MULTILINE), wrapper

@@ -1,7 +1,7 @@
 """A batch consumer for the end-to-end tests (tests/e2e/tests/e2e/records.rs), run by
-awslambdaric: the SQS recipe's handler (docs/src/recipes/sqs/sqs_batch.py) with the guide's
-client (docs/src/guide/lock-api/flightlock_locks.py), both copied beside this file, and a
-process() that records each record's interval. Event fields besides an SQS batch:
+awslambdaric: the SQS recipe's handler (docs/src/recipes/sqs/sqs_batch.py), copied beside this
+file, with the client `flightlock` from the layer's /opt/python (clients/python/src/flightlock),
+and a process() that records each record's interval. Event fields besides an SQS batch:
   record body {"entity", "seq", "sleepMs"}   work sleepMs (default 50) under the entity's lock
   record body {..., "holdFile": PATH}        work until PATH exists (at most 30 s)
   record body {..., "crash": true}           kill this runtime process mid-record
@@ -15,7 +15,7 @@ import os
 import signal
 import time
 
-from flightlock_locks import LockApiError, Locks
+from flightlock import LockApiError, Locks
 from sqs_batch import handle_batch
 
 

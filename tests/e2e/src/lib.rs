@@ -57,6 +57,9 @@ pub const NODE_RIC_ENV: &str = "FLIGHTLOCK_NODE_RIC";
 /// Env var with a `node_modules` holding `@aws-lambda-powertools/batch` (set by
 /// `scripts/node-tools`).
 pub const NODE_POWERTOOLS_ENV: &str = "FLIGHTLOCK_NODE_POWERTOOLS";
+/// Env var with a directory holding aws-lambda-powertools (`pip install --target`, set by
+/// `scripts/client-python-tools`): the Powertools handler's own dependencies.
+pub const POWERTOOLS_ENV: &str = "FLIGHTLOCK_POWERTOOLS_PATH";
 /// Env var with the Go runtime `tests/e2e/runtimes/go` built (set by `scripts/go-tools`).
 pub const GO_RUNTIME_ENV: &str = "FLIGHTLOCK_GO_RUNTIME";
 
@@ -99,6 +102,20 @@ fn tool(var: &str) -> PathBuf {
 
 pub use flightlock_testkit::free_port;
 
+/// Copies the Python client (`clients/python/src/flightlock`) into `opt` as the layer zip
+/// carries it (`python/flightlock`, Makefile `zip_layer`), which Lambda mounts as
+/// `/opt/python/flightlock`.
+pub fn layer_python_client(opt: &Path) {
+    let to = opt.join("python/flightlock");
+    std::fs::create_dir_all(&to).unwrap();
+    for file in std::fs::read_dir(repo_root().join("clients/python/src/flightlock")).unwrap() {
+        let file = file.unwrap().path();
+        if file.is_file() {
+            std::fs::copy(&file, to.join(file.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
 /// A fresh lock table on DynamoDB Local; returns (endpoint, table).
 pub async fn table(prefix: &str) -> (String, String) {
     let fresh = flightlock_testkit::fresh_table(prefix).await;
@@ -126,8 +143,8 @@ pub enum Runtime {
     /// the AWS tutorial, one short-lived curl process per Runtime API request.
     Curl,
     /// `tests/e2e/runtimes/records_handler.py` under `awslambdaric`: the SQS recipe's batch
-    /// handler (`docs/src/recipes/sqs/sqs_batch.py`) with the guide's lock API client
-    /// (`docs/src/guide/lock-api/flightlock_locks.py`), the very files the guide includes.
+    /// handler (`docs/src/recipes/sqs/sqs_batch.py`), the very file the guide includes, with the
+    /// client `flightlock` imported from the layer's `/opt/python` ([`layer_python_client`]).
     PythonRecords,
     /// `tests/e2e/runtimes/records_handler.mjs` under `aws-lambda-ric`: the same with the
     /// Node.js recipe (`sqs_batch.mjs`), which imports the package `flightlock` from the layer's
@@ -138,6 +155,10 @@ pub enum Runtime {
     /// (`docs/src/recipes/sqs/sqs_fifo_powertools.mjs`), `flightlock/powertools` imported from
     /// the layer and Powertools from the function's `node_modules` ([`NODE_POWERTOOLS_ENV`]).
     NodePowertools,
+    /// `tests/e2e/runtimes/powertools_handler.py` under `awslambdaric`: a FIFO consumer on
+    /// Powertools' `SqsFifoPartialProcessor` with `flightlock.powertools`, the client imported
+    /// from the layer's `/opt/python` and Powertools from [`POWERTOOLS_ENV`].
+    PythonPowertools,
     /// `tests/e2e/runtimes/records_bootstrap.sh`: a bash + curl custom runtime whose handler
     /// locks one key per event with the guide's shell client
     /// (`docs/src/guide/lock-api/flightlock_locks.sh`).
@@ -147,10 +168,6 @@ pub enum Runtime {
 /// The files the guide includes and the batch handlers run, copied into every task directory
 /// (source in the repository, name in the task directory).
 pub const RECORD_FILES: &[(&str, &str)] = &[
-    (
-        "docs/src/guide/lock-api/flightlock_locks.py",
-        "flightlock_locks.py",
-    ),
     (
         "docs/src/guide/lock-api/flightlock_locks.sh",
         "flightlock_locks.sh",
@@ -172,6 +189,10 @@ pub const RECORD_FILES: &[(&str, &str)] = &[
     (
         "tests/e2e/runtimes/records_handler.py",
         "records_handler.py",
+    ),
+    (
+        "tests/e2e/runtimes/powertools_handler.py",
+        "powertools_handler.py",
     ),
     (
         "tests/e2e/runtimes/records_handler.mjs",
@@ -282,6 +303,7 @@ impl Env {
             )
             .unwrap();
             layer_node_client(&opt);
+            layer_python_client(&opt);
         }
         std::fs::copy(
             repo_root().join("extension/layer/flightlock-wrapper"),
@@ -341,6 +363,14 @@ impl Env {
                     "-m".into(),
                     "awslambdaric".into(),
                     "records_handler.handler".into(),
+                ]);
+            }
+            Runtime::PythonPowertools => {
+                command.push(tool(PYTHON_ENV).display().to_string());
+                command.extend([
+                    "-m".into(),
+                    "awslambdaric".into(),
+                    "powertools_handler.handler".into(),
                 ]);
             }
             Runtime::CurlRecords => {
@@ -422,8 +452,17 @@ impl Env {
             format!("e2e-session-{name}-{:08x}", rand_u32()),
         );
         match spec.runtime {
-            Runtime::Python | Runtime::PythonRecords => {
+            Runtime::Python | Runtime::PythonRecords | Runtime::PythonPowertools => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
+                // Lambda's Python runtimes put a layer's python/ on sys.path.
+                let mut path = vec!["/opt/python".to_owned()];
+                if matches!(spec.runtime, Runtime::PythonPowertools) {
+                    let powertools = std::env::var(POWERTOOLS_ENV).unwrap_or_else(|_| {
+                        panic!("{POWERTOOLS_ENV} is not set: run `eval \"$(scripts/client-python-tools)\"` first")
+                    });
+                    path.push(powertools);
+                }
+                env.insert("PYTHONPATH".into(), path.join(":"));
             }
             Runtime::Node | Runtime::NodeRecords | Runtime::NodePowertools => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_nodejs20.x".into());

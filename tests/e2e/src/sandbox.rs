@@ -175,9 +175,9 @@ pub fn python_runtime(
     wrapped(platform, proxy_port, record, name, &command, &dir)
 }
 
-/// `tests/e2e/runtimes/records_handler.py` (the SQS recipe's batch handler with the guide's lock
-/// API client, [`crate::RECORD_FILES`]) under `awslambdaric`, otherwise as [`python_runtime`].
-/// Its files are copied into `dir`.
+/// `tests/e2e/runtimes/records_handler.py` (the SQS recipe's batch handler, [`crate::RECORD_FILES`])
+/// under `awslambdaric`, otherwise as [`python_runtime`]. Its files are copied into `dir`, and
+/// the Python client into `dir/opt/python`, laid out as the layer carries it.
 pub fn records_runtime(
     platform: &Platform,
     proxy_port: u16,
@@ -195,6 +195,7 @@ pub fn records_runtime(
     for (from, to) in crate::RECORD_FILES {
         std::fs::copy(repo_root().join(from), dir.join(to)).unwrap();
     }
+    crate::layer_python_client(&dir.join("opt"));
     let command = [
         python,
         "-m".into(),
@@ -222,6 +223,8 @@ fn wrapped(
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
         .env("DEMO_RECORD_FILE", record)
         .env("DEMO_ENV_NAME", name)
+        // As Lambda puts a layer's python/ on sys.path (only records_runtime lays one out).
+        .env("PYTHONPATH", dir.join("opt/python"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)

@@ -71,6 +71,10 @@ NOT_CONFIGURED: Final = "notConfigured"
 
 TOKEN_HEADER: Final = "X-Flightlock-Token"
 WRAPPER: Final = "/opt/flightlock-wrapper"
+# Set by the wrapper for the runtime it starts (extension/layer/flightlock-wrapper): present
+# only when the runtime talks to the proxy, however the wrapper was reached (directly through
+# AWS_LAMBDA_EXEC_WRAPPER, or from another wrapper).
+WRAPPED: Final = "_FLIGHTLOCK_RUNTIME_PID"
 
 # No proxy, whatever HTTP_PROXY says: the API is on this machine, and the token stays here.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -135,12 +139,13 @@ class Locks:
         fix = f"attach the flightlock layer and set AWS_LAMBDA_EXEC_WRAPPER={WRAPPER} (docs: the lock API)"
         if not api:
             raise LockApiUnavailable(None, NOT_CONFIGURED, f"AWS_LAMBDA_RUNTIME_API is not set: {fix}")
-        if env.get("AWS_LAMBDA_EXEC_WRAPPER") != WRAPPER:
+        if not env.get(WRAPPED):
             raise LockApiUnavailable(
                 None,
                 NOT_CONFIGURED,
-                f"AWS_LAMBDA_EXEC_WRAPPER is {env.get('AWS_LAMBDA_EXEC_WRAPPER')!r}, so the "
-                f"runtime talks to Lambda, not to the flightlock proxy: {fix}",
+                f"this runtime was not started through {WRAPPER} (AWS_LAMBDA_EXEC_WRAPPER is "
+                f"{env.get('AWS_LAMBDA_EXEC_WRAPPER')!r}), so it talks to Lambda, not to the "
+                f"flightlock proxy: {fix}",
             )
         token = env.get("AWS_SESSION_TOKEN")
         if not token:

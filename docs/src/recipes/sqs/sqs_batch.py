@@ -2,7 +2,7 @@
 
 import json
 
-from flightlock_locks import Locks
+from flightlock import Locks  # from the layer: /opt/python/flightlock
 
 
 def process(body, token):

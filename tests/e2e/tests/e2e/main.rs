@@ -16,6 +16,7 @@ mod memory;
 mod node_powertools;
 mod node_runtime;
 mod platform_modes;
+mod powertools;
 mod records;
 mod scheduled;
 mod simulator;
