@@ -1,10 +1,10 @@
 //! The lock API end to end (issue 34): batch consumers with `FLIGHTLOCK_GATE=off` under the
 //! Runtime Interface Emulator, with the real runtime clients `awslambdaric` and `aws-lambda-ric`.
 //! The handlers (`tests/e2e/runtimes/records_handler.{py,mjs}`) are the SQS recipe's
-//! (`docs/src/recipes/sqs/sqs_batch.{py,mjs}`) with the guide's clients
-//! (`docs/src/guide/lock-api/flightlock_locks.{py,mjs}`), the very files the guide includes,
-//! copied into each environment's task directory. Each record processed is one line of the
-//! record file: its interval, entity, fencing token and pid.
+//! (`docs/src/recipes/sqs/sqs_batch.{py,mjs}`, copied into each environment's task directory)
+//! with the packages `flightlock` (`clients/python`, `clients/node`), which the guide includes,
+//! imported from the layer's `/opt` as the harness lays it out. Each record processed is one line
+//! of the record file: its interval, entity, fencing token and pid.
 //! Needs `eval "$(scripts/node-tools)"` besides the usual e2e tools.
 
 use std::collections::{BTreeMap, VecDeque};
