@@ -12,7 +12,12 @@
 # build-FlightlockLayerArm64 with ARTIFACTS_DIR set; they lay out the layer there:
 #   $(ARTIFACTS_DIR)/extensions/flightlock   the extension (cargo bin flightlock-extension, renamed)
 #   $(ARTIFACTS_DIR)/flightlock-wrapper      the exec wrapper (extension/layer/flightlock-wrapper)
-# which Lambda mounts as /opt/extensions/flightlock and /opt/flightlock-wrapper.
+#   $(ARTIFACTS_DIR)/python/flightlock/...   the Python client (clients/python/src/flightlock)
+#   $(ARTIFACTS_DIR)/nodejs/node_modules/flightlock/...  the Node.js client (clients/node: its
+#                                            package.json and the files its "files" names)
+# which Lambda mounts under /opt; it puts /opt/python on sys.path and /opt/nodejs/node_modules on
+# NODE_PATH, so a function with the layer imports `flightlock` with nothing installed. The zips
+# (zip_layer) hold the same; release/pack.py lists the clients' files for both (`clients`).
 #
 # cargo-lambda (with zig) comes from scripts/install-cargo-lambda (PyPI, into .tools/, idempotent).
 # Each architecture builds into its own --lambda-dir: target/lambda/{x86_64,arm64}.
@@ -65,7 +70,8 @@ define zip_layer
 	cp $(LAMBDA_DIR)/$(1)/extensions/flightlock-extension $(LAYER_DIR)/$(1)/extensions/flightlock
 	cp $(WRAPPER) $(LAYER_DIR)/$(1)/flightlock-wrapper
 	chmod 755 $(LAYER_DIR)/$(1)/extensions/flightlock $(LAYER_DIR)/$(1)/flightlock-wrapper
-	cd $(LAYER_DIR)/$(1) && zip -q -X -r ../flightlock-layer-$(1).zip extensions flightlock-wrapper
+	python3 $(ROOT)/release/pack.py clients --into $(LAYER_DIR)/$(1)
+	cd $(LAYER_DIR)/$(1) && zip -q -X -r ../flightlock-layer-$(1).zip extensions flightlock-wrapper python nodejs
 	@echo "layer $(1): $(LAYER_DIR)/flightlock-layer-$(1).zip ($$(stat -c %s $(LAYER_DIR)/flightlock-layer-$(1).zip) bytes)"
 endef
 
@@ -84,6 +90,7 @@ define sam_layer
 	cp $(LAMBDA_DIR)/$(1)/extensions/flightlock-extension $(ARTIFACTS_DIR)/extensions/flightlock
 	cp $(WRAPPER) $(ARTIFACTS_DIR)/flightlock-wrapper
 	chmod 755 $(ARTIFACTS_DIR)/extensions/flightlock $(ARTIFACTS_DIR)/flightlock-wrapper
+	python3 $(ROOT)/release/pack.py clients --into $(ARTIFACTS_DIR)
 endef
 
 build-FlightlockLayerX86: extension-x86_64

@@ -4,7 +4,13 @@
 Subcommands (scripts/release runs them in this order):
 
   layer    --arch A --extension BIN --wrapper FILE --out ZIP
-           the layer zip: extensions/flightlock (the extension) and flightlock-wrapper, both 0755
+           the layer zip: extensions/flightlock (the extension) and flightlock-wrapper, both 0755,
+           and the handler-side clients (0644): python/flightlock/... from
+           clients/python/src/flightlock, nodejs/node_modules/flightlock/... from clients/node
+           (package.json and the files its "files" names: what `npm pack` packs)
+  clients  --into DIR | --list
+           copies the clients into DIR as the layer carries them (the Makefile's layer targets),
+           or prints their names in the layer
   function --arch A --bootstrap BIN --out ZIP
            the cleanup function's zip: bootstrap, 0755
   sbom     --package P --triple T --out JSON
@@ -12,7 +18,10 @@ Subcommands (scripts/release runs them in this order):
            normal dependencies (`cargo tree -e normal`, features resolved for P alone), with
            versions, licenses and the sha256 from Cargo.lock
   seal     --dist DIR --version V --commit C [--dirty]
-           dist/SHA256SUMS and dist/manifest.json; fails when a zip is over its size limit
+           dist/SHA256SUMS and dist/manifest.json; fails when a zip is over its size limit, when
+           a layer zip lacks a file of the layer (the extension, the wrapper, each client file)
+           or carries another, or when a client package in dist/ (the wheel and sdist of
+           clients/python, the npm tarball of clients/node) is not of version V
   verify   --dist DIR
            every file the manifest names has the manifest's size and sha256 (the publisher runs
            the same check before it sends anything)
@@ -68,9 +77,53 @@ def write_zip(out: Path, entries: list[tuple[str, Path, int]]) -> None:
     tmp.replace(out)
 
 
-def layer_zip(extension: Path, wrapper: Path, out: Path) -> None:
-    """The layer: Lambda mounts it as /opt/extensions/flightlock and /opt/flightlock-wrapper."""
-    write_zip(out, [("extensions/flightlock", extension, 0o755), ("flightlock-wrapper", wrapper, 0o755)])
+ROOT = Path(__file__).resolve().parent.parent
+# The client packages in dist/ (scripts/release builds them): the wheel and sdist of
+# clients/python, the npm tarball of clients/node.
+PACKAGE_NAME = re.compile(r"flightlock-(?P<version>[0-9][^-]*?)(?:-py3-none-any\.whl|\.tar\.gz|\.tgz)")
+
+
+def client_files(root: Path = ROOT) -> list[tuple[str, Path]]:
+    """The handler-side clients the layer carries, as (name in the layer, source file). Lambda
+    puts a layer's python/ on sys.path and nodejs/node_modules on NODE_PATH, so a function with
+    the layer imports `flightlock` with nothing installed."""
+    python = root / "clients/python/src/flightlock"
+    files = [(f"python/flightlock/{p.name}", p) for p in sorted(python.glob("*"))
+             if p.is_file() and (p.suffix == ".py" or p.name == "py.typed")]
+    if not any(name.endswith("/__init__.py") for name, _ in files):
+        raise PackError(f"{python}: no __init__.py (the Python client the layer carries)")
+    node = root / "clients/node"
+    try:
+        listed = json.loads((node / "package.json").read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise PackError(f"{node / 'package.json'}: no \"files\" list to take the layer's Node.js client from ({e})") from None
+    for name in listed:
+        if not isinstance(name, str) or any(c in name for c in "*?[!") or not (node / name).is_file():
+            raise PackError(f"{node / 'package.json'}: \"files\" entry {name!r} is not a file of clients/node "
+                            "(the layer copies exactly the files it names)")
+    files += [(f"nodejs/node_modules/flightlock/{n}", node / n) for n in ["package.json", *listed]]
+    return files
+
+
+def layer_entries(extension: Path, wrapper: Path, root: Path = ROOT) -> list[tuple[str, Path, int]]:
+    """Everything in the layer: Lambda mounts it as /opt/extensions/flightlock,
+    /opt/flightlock-wrapper, /opt/python/flightlock and /opt/nodejs/node_modules/flightlock."""
+    return ([("extensions/flightlock", extension, 0o755), ("flightlock-wrapper", wrapper, 0o755)]
+            + [(name, src, 0o644) for name, src in client_files(root)])
+
+
+def layer_zip(extension: Path, wrapper: Path, out: Path, root: Path = ROOT) -> None:
+    """The layer zip (layer_entries)."""
+    write_zip(out, layer_entries(extension, wrapper, root))
+
+
+def copy_clients(into: Path, root: Path = ROOT) -> None:
+    """The clients laid out in `into` as the layer carries them (the Makefile's layer targets)."""
+    for name, src in client_files(root):
+        dest = into / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(src.read_bytes())
+        dest.chmod(0o644)
 
 
 def function_zip(bootstrap: Path, out: Path) -> None:
@@ -102,6 +155,7 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
     if not zips:
         raise PackError(f"{dist}: no zips to seal")
     entries, over = [], []
+    layer_names = sorted(name for name, _, _ in layer_entries(Path("extension"), Path("wrapper")))
     for z in zips:
         kind, arch = zip_kind(z.name)
         size = z.stat().st_size
@@ -111,6 +165,11 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
         sha = sha256_hex(z)
         with zipfile.ZipFile(z) as zf:
             unzipped = sum(i.file_size for i in zf.infolist())
+            names = sorted(zf.namelist())
+        if kind == "layer" and names != layer_names:
+            missing, extra = sorted(set(layer_names) - set(names)), sorted(set(names) - set(layer_names))
+            raise PackError(f"{z.name}: not the layer (missing {missing}, extra {extra}); "
+                            "pack it with release/pack.py layer")
         entries.append({
             "file": z.name,
             "kind": kind,
@@ -126,7 +185,17 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
     sboms = sorted(p.name for p in dist.glob("*.cdx.json"))
     # The packaged template (release/template.py), if the release has one.
     templates = sorted(p.name for p in dist.glob("template.yaml"))
+    packages = []
+    for p in sorted(dist.glob("flightlock-*")):
+        m = PACKAGE_NAME.fullmatch(p.name)
+        if not m:
+            continue
+        if m.group("version") != version:
+            raise PackError(f"{p.name}: a client package of version {m.group('version')}, not the release's {version} "
+                            "(the clients follow the workspace version in Cargo.toml)")
+        packages.append({"file": p.name, "size": p.stat().st_size, "sha256": sha256_hex(p)})
     manifest = {
+        "packages": packages,
         "name": "flightlock",
         "version": version,
         "commit": commit,
@@ -137,6 +206,7 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
     }
     (dist / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     sums = [(e["sha256"], e["file"]) for e in entries] + [(sha256_hex(dist / s), s) for s in sboms + templates]
+    sums += [(p["sha256"], p["file"]) for p in packages]
     sums.append((sha256_hex(dist / "manifest.json"), "manifest.json"))
     (dist / "SHA256SUMS").write_text("".join(f"{h}  {n}\n" for h, n in sorted(sums, key=lambda x: x[1])))
     return manifest
@@ -175,6 +245,10 @@ def load_verified(dist: Path) -> dict:
     for s in manifest.get("sboms", []) + manifest.get("templates", []):
         if sha256_hex(dist / s["file"]) != s["sha256"]:
             raise PackError(f"{dist / s['file']}: sha256 is not the manifest's")
+    for p in manifest.get("packages", []):
+        f = dist / p["file"]
+        if not f.is_file() or sha256_hex(f) != p["sha256"]:
+            raise PackError(f"{f}: missing, or its sha256 is not the manifest's; refusing a package that is not the sealed one")
     return manifest
 
 
@@ -253,6 +327,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--extension", type=Path, required=True)
     p.add_argument("--wrapper", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("clients")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--into", type=Path, help="a layer directory to lay the clients out in")
+    g.add_argument("--list", action="store_true", help="print the clients' names in the layer")
     p = sub.add_parser("function")
     p.add_argument("--bootstrap", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
@@ -274,7 +352,11 @@ def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
     try:
         if a.cmd == "layer":
-            layer_zip(a.extension, a.wrapper, a.out)
+            layer_zip(a.extension, a.wrapper, a.out, root)
+        elif a.cmd == "clients" and a.into:
+            copy_clients(a.into, root)
+        elif a.cmd == "clients":
+            print("\n".join(name for name, _ in client_files(root)))
         elif a.cmd == "function":
             function_zip(a.bootstrap, a.out)
         elif a.cmd == "sbom":

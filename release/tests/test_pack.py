@@ -28,10 +28,12 @@ def test_packing_the_same_binaries_twice_gives_the_same_bytes(tmp_path):
 
     with zipfile.ZipFile(tmp_path / "one.zip") as z:
         infos = z.infolist()
-        assert [i.filename for i in infos] == ["extensions/flightlock", "flightlock-wrapper"]
+        clients = [name for name, _ in pack.client_files()]
+        assert [i.filename for i in infos] == sorted(["extensions/flightlock", "flightlock-wrapper", *clients])
         for i in infos:
             assert i.date_time == pack.FIXED_TIME
-            assert i.external_attr >> 16 == 0o100755, oct(i.external_attr >> 16)
+            mode = 0o100644 if i.filename in clients else 0o100755
+            assert i.external_attr >> 16 == mode, (i.filename, oct(i.external_attr >> 16))
             assert i.create_system == 3
         assert z.read("extensions/flightlock") == (a / "ext").read_bytes()
 

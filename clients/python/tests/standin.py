@@ -154,7 +154,8 @@ class StandIn:
                         409,
                         "busy",
                         f"{key} is held",
-                        holders=[{"requestId": h.invocation, "ticket": h.token} for h in holders],
+                        # Who holds it, never which invocation (lock_api.rs refusal()).
+                        holders=[{"ticket": h.token, "function": "fn", "host": "h"} for h in holders],
                     )
                 self.cond.wait(left)
                 holders = self.holders.setdefault(key, [])

@@ -45,7 +45,7 @@ def test_busy_answers_none_and_acquire_or_raise_names_the_holders(api: Api, cont
         locks.acquire_or_raise("order-7", 0)
     assert busy.value.error == flightlock.BUSY and busy.value.status == 409
     assert busy.value.key == "order-7"
-    assert [h["requestId"] for h in busy.value.holders] == ["req-2"]
+    assert [h["ticket"] for h in busy.value.holders] == [1]
 
 
 def test_a_wait_ends_when_the_holder_releases(api: Api, context: Context) -> None:

@@ -31,11 +31,13 @@ BAD_REQUEST: Final = "badRequest"
 UNAUTHORIZED: Final = "unauthorized"
 FORBIDDEN: Final = "forbidden"
 NOT_IN_FLIGHT: Final = "notInFlight"
+NOT_YOUR_INVOCATION: Final = "notYourInvocation"
 NOT_FOUND: Final = "notFound"
 NOT_HELD: Final = "notHeld"
 METHOD_NOT_ALLOWED: Final = "methodNotAllowed"
 BUSY: Final = "busy"
 ALREADY_HELD: Final = "alreadyHeld"
+HELD_BY_GATE: Final = "heldByGate"
 PERMITS_MISMATCH: Final = "permitsMismatch"
 PROTOCOL_TOO_NEW: Final = "protocolTooNew"
 LOST: Final = "lost"
@@ -51,11 +53,13 @@ REFUSALS: Final = frozenset(
         UNAUTHORIZED,
         FORBIDDEN,
         NOT_IN_FLIGHT,
+        NOT_YOUR_INVOCATION,
         NOT_FOUND,
         NOT_HELD,
         METHOD_NOT_ALLOWED,
         BUSY,
         ALREADY_HELD,
+        HELD_BY_GATE,
         PERMITS_MISMATCH,
         PROTOCOL_TOO_NEW,
         LOST,
