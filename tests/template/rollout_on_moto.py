@@ -214,10 +214,12 @@ def main() -> int:
           "(moto's LayerVersion has no delete_from_cloudformation_json): retention is checked in "
           "the transformed template above, not by the update")
     v1 = outputs(deploy(cfn, "flightlock", body, params))
+    version = yaml_parse((ROOT / "template.yaml").read_text())["Mappings"]["Release"]["flightlock"]["Version"]
     check(parameter_names(ssm, "/flightlock") == {
         "/flightlock/layer/x86_64/latest", "/flightlock/layer/arm64/latest",
-        "/flightlock/table/name", "/flightlock/table/lock-user-policy"},
-        "Deploy=all wrote the four SSM parameters under /flightlock")
+        f"/flightlock/layer/x86_64/{version}", f"/flightlock/layer/arm64/{version}",
+        "/flightlock/table/name", "/flightlock/table/stack", "/flightlock/table/lock-user-policy"},
+        "Deploy=all wrote the seven SSM parameters under /flightlock")
     check(param(ssm, "/flightlock/table/name")[0] == v1["LockTableName"],
           f"/flightlock/table/name = {v1['LockTableName']}")
     check(param(ssm, "/flightlock/table/lock-user-policy")[0] == v1["LockUserPolicyArn"],
@@ -279,8 +281,9 @@ def main() -> int:
               "pinned at :2, QueueWorker moved to release 2")
 
     # 5. Each part alone, as its own stack under its own prefix.
-    for part, want in (("layer", {"layer/x86_64/latest", "layer/arm64/latest"}),
-                       ("table", {"table/name", "table/lock-user-policy"})):
+    for part, want in (("layer", {"layer/x86_64/latest", "layer/arm64/latest",
+                                  f"layer/x86_64/{version}", f"layer/arm64/{version}"}),
+                       ("table", {"table/name", "table/stack", "table/lock-user-policy"})):
         prefix = f"/flightlock-{part}"
         p = {"Deploy": part, "ParameterPrefix": prefix, "TableDeletionPolicy": "Delete"}
         before = layer_arns(lam)
