@@ -1,8 +1,12 @@
 // flightlock for the AWS CDK: attach the single-flight layer to an existing `lambda.Function`, and
-// deploy the lock table and the cleanup function when asked.
+// deploy the lock table and the cleanup function when asked, or use what template.yaml deployed.
 //
 // One file with no dependency besides aws-cdk-lib and constructs, so it can be copied into a CDK
-// app as it is. The guide: docs/src/getting-started/cdk.md. What each name below must agree with,
+// app as it is. Its public API is jsii's subset of TypeScript (scripts/check-cdk builds it with
+// jsii), so the same construct can be packaged for Python and the other jsii languages: props
+// are interfaces of plain types, choices are enums, nothing public is a string-literal union,
+// and what other languages need is a class member (the free functions and constants below are
+// TypeScript shorthands of the `FlightlockLayer` statics, which jsii does not export). The guide: docs/src/getting-started/cdk.md. What each name below must agree with,
 // and the test that checks it (cdk/test/sources.test.ts):
 //   - the function variables: docs/src/reference/configuration.md, itself checked against the code;
 //   - the IAM actions: docs/src/reference/iam.md, itself checked against template.yaml and the code;
@@ -21,8 +25,17 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as ssm from 'aws-cdk-lib/aws-ssm';
 import { Construct } from 'constructs';
 
+/**
+ * The release this construct belongs to (cdk/package.json's version, the workspace version of
+ * Cargo.toml; cdk/test checks both): the layer version `Flightlock` attaches unless told otherwise.
+ */
+export const VERSION = '0.1.0';
+
 /** The exec wrapper the layer ships; `AWS_LAMBDA_EXEC_WRAPPER` names it. */
 export const WRAPPER = '/opt/flightlock-wrapper';
+
+/** The SSM prefix template.yaml writes under by default (its parameter ParameterPrefix). */
+export const TEMPLATE_PARAMETER_PREFIX = '/flightlock';
 
 /**
  * Where the layer's ARNs are published in an account: `<prefix>/<arch>/<version>` and
@@ -32,8 +45,7 @@ export const WRAPPER = '/opt/flightlock-wrapper';
 export const LAYER_PARAMETER_PREFIX = '/flightlock/layer';
 
 /** The architectures the layer is built for, as Lambda names them. */
-export const ARCHITECTURES = ['x86_64', 'arm64'] as const;
-export type LayerArchitecture = (typeof ARCHITECTURES)[number];
+export const ARCHITECTURES: readonly string[] = ['x86_64', 'arm64'];
 
 /** What a lock user (the extension, the in-process layer, `flightlock run`) does on the table. */
 export const LOCK_USER_ACTIONS: readonly string[] = [
@@ -95,12 +107,14 @@ export const TABLE_SCHEMA = { partitionKey: 'pk', sortKey: 'sk', ttlAttribute: '
  * The name of a released layer: `flightlock-<arch>-<version>`, with `.` and `+` as `_` (a layer
  * name allows letters, digits, `-` and `_`), as release/publish.py names it.
  */
-export function layerName(arch: LayerArchitecture, version: string): string {
+export function layerName(arch: string, version: string): string {
+  checkArchitecture(arch);
   return `flightlock-${arch}-${version.replace(/[.+]/g, '_')}`;
 }
 
 /** The SSM parameter that holds the layer ARN of `arch` at `version` (or `latest`). */
-export function layerParameterName(arch: LayerArchitecture, version = 'latest', prefix = LAYER_PARAMETER_PREFIX): string {
+export function layerParameterName(arch: string, version = 'latest', prefix = LAYER_PARAMETER_PREFIX): string {
+  checkArchitecture(arch);
   return `${prefix}/${arch}/${version}`;
 }
 
@@ -110,16 +124,49 @@ export function layerParameterName(arch: LayerArchitecture, version = 'latest', 
  * partition default to the deploying stack's.
  */
 export function releasedLayerArn(
-  arch: LayerArchitecture,
+  arch: string,
   version: string,
   publisherAccount: string,
   region: string = Aws.REGION,
   partition: string = Aws.PARTITION,
 ): string {
+  checkArchitecture(arch);
   if (!/^\d{12}$/.test(publisherAccount)) {
     throw new Error(`flightlock: publisher account '${publisherAccount}' is not a 12-digit account id`);
   }
   return `arn:${partition}:lambda:${region}:${publisherAccount}:layer:${layerName(arch, version)}:1`;
+}
+
+/**
+ * The layer's names and ARNs as class members, for every jsii language (jsii exports no free
+ * functions or constants; in TypeScript the shorthands above are the same functions).
+ */
+export class FlightlockLayer {
+  /** The release this construct belongs to: the layer version attached by default. */
+  public static readonly VERSION = VERSION;
+  /** The exec wrapper the layer ships. */
+  public static readonly WRAPPER = WRAPPER;
+  /** Where layer ARNs are published: `<prefix>/<arch>/<version>` and `<prefix>/<arch>/latest`. */
+  public static readonly PARAMETER_PREFIX = LAYER_PARAMETER_PREFIX;
+  /** The architectures the layer is built for, as Lambda names them. */
+  public static readonly ARCHITECTURES: string[] = [...ARCHITECTURES];
+
+  /** The name of a released layer (`layerName`). */
+  public static layerName(arch: string, version: string): string {
+    return layerName(arch, version);
+  }
+
+  /** The SSM parameter that holds the layer ARN of `arch` at `version` (`layerParameterName`). */
+  public static parameterName(arch: string, version?: string, prefix?: string): string {
+    return layerParameterName(arch, version, prefix);
+  }
+
+  /** The ARN of a released layer (`releasedLayerArn`). */
+  public static releasedArn(arch: string, version: string, publisherAccount: string, region?: string, partition?: string): string {
+    return releasedLayerArn(arch, version, publisherAccount, region, partition);
+  }
+
+  private constructor() {}
 }
 
 // --- the lock table ------------------------------------------------------------------------------
@@ -164,6 +211,13 @@ export class FlightlockTable extends Construct {
       deletionProtection: retain,
       removalPolicy,
     });
+    if (!(props.pointInTimeRecovery ?? false)) {
+      acknowledge(
+        this.table,
+        'AwsSolutions-DDB3',
+        'point-in-time recovery is the pointInTimeRecovery prop, off by default as in template.yaml: queue rows live seconds to minutes and a restore cannot bring a lease back; RETAIN and deletion protection (the default) keep the ticket counters',
+      );
+    }
   }
 }
 
@@ -238,6 +292,11 @@ export class FlightlockCleanup extends Construct {
       loggingFormat: lambda.LoggingFormat.JSON,
       environment,
     });
+    acknowledge(
+      this.function.role!,
+      'AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]',
+      'AWSLambdaBasicExecutionRole grants only the function\'s own CloudWatch Logs writes (CreateLogGroup, CreateLogStream, PutLogEvents), as SAM gives the template\'s cleanup function',
+    );
     // A Scan names no partition key, so no key-prefix condition can narrow it.
     this.function.addToRolePolicy(
       new iam.PolicyStatement({
@@ -256,31 +315,40 @@ export class FlightlockCleanup extends Construct {
 
 // --- attaching the layer -------------------------------------------------------------------------
 
-/** Layer version ARNs per architecture. */
-export interface LayerArns {
-  readonly x86_64?: string;
-  readonly arm64?: string;
-}
-
 export interface FlightlockProps {
   /**
    * An existing lock table (`dynamodb.Table.fromTableName(this, 'Locks', 'my-locks')`), with the
-   * schema of `TABLE_SCHEMA`. Give this or `createTable`.
+   * schema of `TABLE_SCHEMA`. Give this, `createTable` or `templateParameterPrefix`.
    */
   readonly table?: dynamodb.ITable;
-  /** Deploy a lock table (`true`, or its properties). Give this or `table`. */
+  /** Deploy a lock table (`true`, or its properties). Give this, `table` or `templateParameterPrefix`. */
   readonly createTable?: boolean | FlightlockTableProps;
+  /**
+   * Use what template.yaml deployed with this `ParameterPrefix` (its default is
+   * `TEMPLATE_PARAMETER_PREFIX`, '/flightlock'), read at deploy time from its SSM parameters: the
+   * table `<prefix>/table/name`, the lock-user managed policy `<prefix>/table/lock-user-policy`
+   * (attached to each function's role instead of a policy of this construct's own, so the
+   * template's `LockKeyPrefix` applies), and the layer `<prefix>/layer/<arch>/<layerVersion>`.
+   * `Flightlock.fromTemplate` is the shorthand. Give this, `table` or `createTable`.
+   */
+  readonly templateParameterPrefix?: string;
   /** Deploy the cleanup function on the table, with this code and these settings. */
   readonly cleanup?: FlightlockCleanupOptions;
   /**
-   * The layer's ARNs, per architecture (a released layer: `releasedLayerArn`; a layer of your
-   * own). Without them, each ARN is read at deploy time from the SSM parameter
-   * `<layerParameterPrefix>/<arch>/<layerVersion>` in the function's account and region.
+   * The layer's ARNs, by architecture (`x86_64`, `arm64`): a released layer
+   * (`releasedLayerArn`) or a layer of your own. Without them, each ARN is read at deploy time
+   * from the SSM parameter `<layerParameterPrefix>/<arch>/<layerVersion>` in the function's
+   * account and region.
    */
-  readonly layerArns?: LayerArns;
-  /** Which SSM parameter to read: a version (`0.2.0`) or `latest`. @default 'latest' */
+  readonly layerArns?: { [architecture: string]: string };
+  /**
+   * Which SSM parameter to read: a version (`0.2.0`), whose parameter never changes once
+   * written, or `latest`, which follows every deploy of the layer (and which CloudFormation may
+   * not notice as changed on an otherwise unchanged stack).
+   * @default VERSION, this construct's own release
+   */
   readonly layerVersion?: string;
-  /** @default LAYER_PARAMETER_PREFIX ('/flightlock/layer') */
+  /** @default LAYER_PARAMETER_PREFIX ('/flightlock/layer'), or `<templateParameterPrefix>/layer` */
   readonly layerParameterPrefix?: string;
   /**
    * Only keys starting with this prefix are allowed (an IAM condition on `dynamodb:LeadingKeys`);
@@ -290,13 +358,33 @@ export interface FlightlockProps {
   readonly keyPrefix?: string;
 }
 
+/** What an attached function does when the key is held past its wait (FLIGHTLOCK_ON_BUSY). */
+export enum OnBusy {
+  /** Answer the invocation with a small success body saying it was skipped. */
+  SKIP = 'skip',
+  /** Answer with an invocation error, so Lambda's retries (or a DLQ) apply. */
+  ERROR = 'error',
+}
+
+/** Options of `Flightlock.fromTemplate`. */
+export interface FlightlockFromTemplateProps {
+  /** The template's `ParameterPrefix`. @default TEMPLATE_PARAMETER_PREFIX ('/flightlock') */
+  readonly parameterPrefix?: string;
+  /** The layer version to attach (a deployed or published version, or `latest`). @default VERSION */
+  readonly layerVersion?: string;
+  /** As `FlightlockProps.keyPrefix`: checked at synthesis against each attached key. @default any key */
+  readonly keyPrefix?: string;
+}
+
 export interface AttachOptions {
   /** FLIGHTLOCK_KEY: the lock key or key template. @default the function name */
   readonly key?: string;
-  /** FLIGHTLOCK_WAIT: how long to wait for the key, or 'forever'. @default 0 (skip at once) */
-  readonly wait?: Duration | 'forever';
-  /** FLIGHTLOCK_ON_BUSY. @default 'skip' */
-  readonly onBusy?: 'skip' | 'error';
+  /** FLIGHTLOCK_WAIT: how long to wait for the key. @default 0 (skip at once) */
+  readonly wait?: Duration;
+  /** FLIGHTLOCK_WAIT=forever: wait as long as the invocation's deadline allows. Not with `wait`. @default false */
+  readonly waitForever?: boolean;
+  /** FLIGHTLOCK_ON_BUSY. @default OnBusy.SKIP */
+  readonly onBusy?: OnBusy;
   /** FLIGHTLOCK_LEASE, at least 100 ms. @default 20 s */
   readonly lease?: Duration;
   /** FLIGHTLOCK_PERMITS, 1 to 100. @default 1 */
@@ -333,6 +421,20 @@ export class Flightlock extends Construct {
   public readonly lockTable?: FlightlockTable;
   /** The cleanup function, when `cleanup` was given. */
   public readonly cleanup?: FlightlockCleanup;
+  /** The template's lock-user managed policy, when `templateParameterPrefix` was given. */
+  public readonly lockUserPolicy?: iam.IManagedPolicy;
+
+  /**
+   * flightlock as template.yaml deployed it (`templateParameterPrefix`): its table, its
+   * lock-user policy and its layer at a pinned version, all read from its SSM parameters.
+   */
+  public static fromTemplate(scope: Construct, id: string, props: FlightlockFromTemplateProps = {}): Flightlock {
+    return new Flightlock(scope, id, {
+      templateParameterPrefix: props.parameterPrefix ?? TEMPLATE_PARAMETER_PREFIX,
+      layerVersion: props.layerVersion,
+      keyPrefix: props.keyPrefix,
+    });
+  }
 
   private readonly props: FlightlockProps;
   private readonly attached = new Set<lambda.Function>();
@@ -340,16 +442,29 @@ export class Flightlock extends Construct {
   constructor(scope: Construct, id: string, props: FlightlockProps) {
     super(scope, id);
     this.props = props;
-    if (props.table && props.createTable) {
-      throw new Error('flightlock: give either table (an existing lock table) or createTable, not both');
+    const sources = [props.table && 'table', props.createTable && 'createTable', props.templateParameterPrefix !== undefined && 'templateParameterPrefix'].filter(Boolean);
+    if (sources.length > 1) {
+      throw new Error(`flightlock: give one of table (an existing lock table), createTable or templateParameterPrefix, not ${sources.join(' and ')}`);
     }
+    const prefix = props.templateParameterPrefix;
     if (props.table) {
       this.table = props.table;
     } else if (props.createTable) {
       this.lockTable = new FlightlockTable(this, 'LockTable', props.createTable === true ? {} : props.createTable);
       this.table = this.lockTable.table;
+    } else if (prefix !== undefined) {
+      if (!/^(\/[A-Za-z0-9_.-]+)+$/.test(prefix)) {
+        throw new Error(`flightlock: templateParameterPrefix '${prefix}' is not an SSM path like /flightlock (template.yaml's ParameterPrefix)`);
+      }
+      if (props.layerParameterPrefix !== undefined && props.layerParameterPrefix !== `${prefix}/layer`) {
+        throw new Error(`flightlock: the template at ${prefix} writes its layers under ${prefix}/layer, not layerParameterPrefix ${props.layerParameterPrefix}`);
+      }
+      const tableName = ssm.StringParameter.valueForStringParameter(this, `${prefix}/table/name`);
+      this.table = dynamodb.Table.fromTableName(this, 'Table', tableName);
+      const policyArn = ssm.StringParameter.valueForStringParameter(this, `${prefix}/table/lock-user-policy`);
+      this.lockUserPolicy = iam.ManagedPolicy.fromManagedPolicyArn(this, 'LockUserPolicy', policyArn);
     } else {
-      throw new Error('flightlock: give table (an existing lock table) or createTable: true');
+      throw new Error('flightlock: give table (an existing lock table), createTable: true or templateParameterPrefix');
     }
     if (props.keyPrefix !== undefined) {
       if (props.keyPrefix === '' || /[*?{}]/.test(props.keyPrefix)) {
@@ -379,7 +494,8 @@ export class Flightlock extends Construct {
    * `AWS::SSM::Parameter::Value<String>` in that stack: resolved again at every deploy, and no
    * export between stacks that an update could be blocked by).
    */
-  public layerArn(arch: LayerArchitecture, scope: Construct = this): string {
+  public layerArn(arch: string, scope: Construct = this): string {
+    checkArchitecture(arch);
     const given = this.props.layerArns;
     if (given) {
       const arn = given[arch];
@@ -388,16 +504,29 @@ export class Flightlock extends Construct {
       }
       return arn;
     }
-    const name = layerParameterName(arch, this.props.layerVersion ?? 'latest', this.props.layerParameterPrefix ?? LAYER_PARAMETER_PREFIX);
+    const prefix =
+      this.props.layerParameterPrefix ??
+      (this.props.templateParameterPrefix !== undefined ? `${this.props.templateParameterPrefix}/layer` : LAYER_PARAMETER_PREFIX);
+    const name = layerParameterName(arch, this.props.layerVersion ?? VERSION, prefix);
     return ssm.StringParameter.valueForStringParameter(scope, name);
   }
 
   /**
    * Grants exactly what a lock user needs on the table (docs/src/reference/iam.md), under the
-   * key-prefix condition when `keyPrefix` is set. Fails if the grantee has no policy to add it to
-   * (a role imported with `mutable: false` silently takes nothing: attach its policy yourself).
+   * key-prefix condition when `keyPrefix` is set; with `templateParameterPrefix`, by attaching
+   * the template's lock-user managed policy to the grantee's role. Fails if the grantee has no
+   * policy to add it to (a role imported with `mutable: false` silently takes nothing: attach
+   * its policy yourself).
    */
   public grantLockUser(grantee: iam.IGrantable): iam.Grant {
+    if (this.lockUserPolicy !== undefined) {
+      const role = grantee.grantPrincipal;
+      if (!(role instanceof iam.Role)) {
+        throw new Error(`flightlock: ${grantee.grantPrincipal} is not a role of this app; attach the template's lock-user policy (${TEMPLATE_PARAMETER_PREFIX}/table/lock-user-policy) to it yourself`);
+      }
+      role.addManagedPolicy(this.lockUserPolicy);
+      return iam.Grant.drop(grantee, 'the template\'s lock-user managed policy, attached to the role');
+    }
     const grant = iam.Grant.addToPrincipal({
       grantee,
       actions: [...LOCK_USER_ACTIONS],
@@ -473,7 +602,23 @@ export class Flightlock extends Construct {
 
 // --- helpers -------------------------------------------------------------------------------------
 
-function checkLayerArn(arch: LayerArchitecture, arn: string): void {
+/**
+ * Acknowledges a cdk-nag finding on `scope` and everything under it, with the reason: the
+ * metadata that `Validations.of(scope).acknowledge` writes (cdk-nag 3 reads it), written directly
+ * so that neither cdk-nag nor an aws-cdk-lib with `Validations` is needed at run time.
+ */
+function acknowledge(scope: Construct, rule: string, reason: string): void {
+  scope.node.addMetadata('aws:cdk:acknowledged-rules', { [rule]: reason });
+}
+
+/** An architecture is a string in the public API (jsii has no string-literal types): checked here. */
+function checkArchitecture(arch: string): void {
+  if (!ARCHITECTURES.includes(arch)) {
+    throw new Error(`flightlock: architecture '${arch}'; the layer is built for ${ARCHITECTURES.join(', ')}`);
+  }
+}
+
+function checkLayerArn(arch: string, arn: string): void {
   if (Token.isUnresolved(arn)) return;
   const m = /^arn:aws[a-z-]*:lambda:[a-z0-9-]+:\d{12}:layer:([A-Za-z0-9_-]+):\d+$/.exec(arn);
   if (!m) {
@@ -506,8 +651,7 @@ function settingsOf(at: string, options: AttachOptions): Record<string, string> 
   }
   const typed: Record<string, string | undefined> = {
     FLIGHTLOCK_KEY: options.key,
-    FLIGHTLOCK_WAIT:
-      options.wait === undefined ? undefined : options.wait === 'forever' ? 'forever' : duration(options.wait, true),
+    FLIGHTLOCK_WAIT: options.waitForever ? 'forever' : options.wait === undefined ? undefined : duration(options.wait, true),
     FLIGHTLOCK_ON_BUSY: options.onBusy,
     FLIGHTLOCK_LEASE: options.lease === undefined ? undefined : duration(options.lease),
     FLIGHTLOCK_PERMITS: options.permits === undefined ? undefined : String(wholeNumber('permits', options.permits, 1, 100)),
@@ -519,7 +663,8 @@ function settingsOf(at: string, options: AttachOptions): Record<string, string> 
     out[name] = value;
   }
   if (out.FLIGHTLOCK_KEY === '') throw new Error(`${at}: key is empty`);
-  if (options.onBusy !== undefined && options.onBusy !== 'skip' && options.onBusy !== 'error') {
+  if (options.waitForever && options.wait !== undefined) throw new Error(`${at}: give wait or waitForever, not both`);
+  if (options.onBusy !== undefined && options.onBusy !== OnBusy.SKIP && options.onBusy !== OnBusy.ERROR) {
     throw new Error(`${at}: onBusy is 'skip' or 'error', not '${options.onBusy}'`);
   }
   if (options.lease !== undefined && !options.lease.isUnresolved() && options.lease.toMilliseconds() < 100) {

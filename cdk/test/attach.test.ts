@@ -10,7 +10,7 @@ import * as ecr from 'aws-cdk-lib/aws-ecr';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 
-import { Flightlock, LOCK_USER_ACTIONS, releasedLayerArn, WRAPPER } from '../src';
+import { Flightlock, FlightlockLayer, LOCK_USER_ACTIONS, OnBusy, releasedLayerArn, VERSION, WRAPPER } from '../src';
 import { newStack, only, placeholderCleanupCode, pythonFunction, synth } from './helpers';
 
 const X86_ARN = 'arn:aws:lambda:eu-west-1:222222222222:layer:flightlock-x86_64-0_2_0:1';
@@ -49,13 +49,14 @@ test('attach: the layer of each function architecture from SSM, the wrapper, the
 
   const x86 = functionProps(t, 'JobX86');
   assert.equal(x86.Layers.length, 1);
-  assert.equal(ssmParameterName(t, x86.Layers[0]), '/flightlock/layer/x86_64/latest');
+  // Pinned by default: the construct's own release, never `latest` unless asked.
+  assert.equal(ssmParameterName(t, x86.Layers[0]), `/flightlock/layer/x86_64/${VERSION}`);
   assert.deepEqual(x86.Environment.Variables, {
     AWS_LAMBDA_EXEC_WRAPPER: WRAPPER,
     FLIGHTLOCK_TABLE: { Ref: only(t, 'AWS::DynamoDB::Table')[0] },
   });
   const arm = functionProps(t, 'JobArm');
-  assert.equal(ssmParameterName(t, arm.Layers[0]), '/flightlock/layer/arm64/latest');
+  assert.equal(ssmParameterName(t, arm.Layers[0]), `/flightlock/layer/arm64/${VERSION}`);
   assert.equal(arm.Environment.Variables.FLIGHTLOCK_KEY, 'nightly');
   assert.equal(arm.Environment.Variables.FLIGHTLOCK_WAIT, '30s');
 
@@ -131,8 +132,8 @@ test('attach: settings by name, typed options rendered as the variables read the
   const locks = new Flightlock(stack, 'Flightlock', { table: dynamodb.Table.fromTableName(stack, 'Locks', 'my-locks') });
   locks.attach(pythonFunction(stack, 'Consumer'), {
     key: 'account-{/detail/accountId}',
-    wait: 'forever',
-    onBusy: 'error',
+    waitForever: true,
+    onBusy: OnBusy.ERROR,
     lease: Duration.millis(1500),
     permits: 4,
     settings: { FLIGHTLOCK_TICK: 'off', FLIGHTLOCK_LOG_LEVEL: 'debug' },
@@ -167,6 +168,7 @@ test('attach: names the extension does not read, and settings given twice, are r
   assert.throws(() => locks.attach(fn, { lease: Duration.millis(50) }), /at least 100 ms/);
   assert.throws(() => locks.attach(fn, { onBusy: 'drop' as any }), /'skip' or 'error'/);
   assert.throws(() => locks.attach(fn, { key: '' }), /key is empty/);
+  assert.throws(() => locks.attach(fn, { wait: Duration.seconds(1), waitForever: true }), /wait or waitForever/);
   assert.throws(() => locks.attach(fn, { gate: false, settings: { FLIGHTLOCK_GATE: 'off' } }), /given twice/);
   const typo = pythonFunction(stack, 'Typo');
   typo.addEnvironment('FLIGHTLOCK_WIAT', '10s');
@@ -257,7 +259,7 @@ test('attach: in a stack of its own, the layer is read in the function\'s stack 
   locks.attach(pythonFunction(jobs, 'Job', lambda.Architecture.ARM_64));
   const t = synth(jobs, 'attach-other-stack');
   const fn = functionProps(t, 'Job');
-  assert.equal(ssmParameterName(t, fn.Layers[0]), '/flightlock/layer/arm64/latest');
+  assert.equal(ssmParameterName(t, fn.Layers[0]), `/flightlock/layer/arm64/${VERSION}`);
   // The table's name and ARN do cross (a retained table never changes them); the layer does not.
   const outputs = Template.fromStack(stack).toJSON().Outputs ?? {};
   for (const o of Object.values(outputs) as any[]) {
@@ -276,11 +278,44 @@ test('grantLockUser: a role of your own gets exactly the lock user statement; a 
   assert.throws(() => locks.grantLockUser(new iam.AccountPrincipal('333333333333')), /could not be added/);
 });
 
+test('fromTemplate: the table, the lock-user policy and a pinned layer from the template\'s SSM parameters', () => {
+  const stack = newStack();
+  const locks = Flightlock.fromTemplate(stack, 'Flightlock', { parameterPrefix: '/team/flightlock' });
+  locks.attach(pythonFunction(stack, 'Job', lambda.Architecture.ARM_64), { key: 'nightly' });
+  const t = synth(stack, 'attach-from-template');
+  const fn = functionProps(t, 'Job');
+  assert.equal(ssmParameterName(t, fn.Layers[0]), `/team/flightlock/layer/arm64/${VERSION}`);
+  assert.equal(ssmParameterName(t, fn.Environment.Variables.FLIGHTLOCK_TABLE), '/team/flightlock/table/name');
+  // The template's managed policy on the role, and no policy of the construct's own.
+  const role = Object.values(t.findResources('AWS::IAM::Role'))[0] as any;
+  const managed = role.Properties.ManagedPolicyArns.filter((a: any) => 'Ref' in a);
+  assert.equal(managed.length, 1);
+  assert.equal(ssmParameterName(t, managed[0]), '/team/flightlock/table/lock-user-policy');
+  assert.deepEqual(roleStatements(t, 'Job').filter((s) => JSON.stringify(s.Action).includes('dynamodb:')), []);
+  // No resource of its own: everything is the template's.
+  assert.deepEqual(Object.keys(t.findResources('AWS::DynamoDB::Table')), []);
+  assert.throws(() => Flightlock.fromTemplate(stack, 'Bad', { parameterPrefix: 'flightlock' }), /not an SSM path/);
+  assert.throws(
+    () => new Flightlock(stack, 'Mixed', { templateParameterPrefix: '/flightlock', layerParameterPrefix: '/other/layer' }),
+    /writes its layers under \/flightlock\/layer/,
+  );
+});
+
+test('FlightlockLayer: the statics other jsii languages use are the TypeScript shorthands', () => {
+  assert.equal(FlightlockLayer.VERSION, VERSION);
+  assert.equal(FlightlockLayer.WRAPPER, WRAPPER);
+  assert.equal(FlightlockLayer.layerName('arm64', '1.2.3'), 'flightlock-arm64-1_2_3');
+  assert.equal(FlightlockLayer.parameterName('x86_64'), `/flightlock/layer/x86_64/latest`);
+  assert.equal(FlightlockLayer.releasedArn('arm64', '0.2.0', '222222222222', 'eu-west-1', 'aws'), releasedLayerArn('arm64', '0.2.0', '222222222222', 'eu-west-1', 'aws'));
+  assert.throws(() => FlightlockLayer.layerName('amd64', '1.2.3'), /architecture 'amd64'/);
+});
+
 test('Flightlock needs one table: given or created, not both, not neither', () => {
   const stack = newStack();
   const table = dynamodb.Table.fromTableName(stack, 'Locks', 'my-locks');
   assert.throws(() => new Flightlock(stack, 'A', {}), /give table/);
-  assert.throws(() => new Flightlock(stack, 'B', { table, createTable: true }), /not both/);
+  assert.throws(() => new Flightlock(stack, 'B', { table, createTable: true }), /not table and createTable/);
+  assert.throws(() => new Flightlock(stack, 'C', { table, templateParameterPrefix: '/flightlock' }), /not table and templateParameterPrefix/);
 });
 
 test('attach: a function published as versions gets a new version when the pinned layer version changes', () => {

@@ -12,7 +12,8 @@ import * as os from 'node:os';
 import { App, Stack } from 'aws-cdk-lib';
 
 import { JobsStack } from '../examples/lib/jobs-stack';
-import { BatchStack, OwnLayerStack, PinnedStack, ReleasedLayerStack } from '../examples/lib/variants';
+import { BatchStack, FromTemplateStack, OwnLayerStack, PinnedStack, ReleasedLayerStack } from '../examples/lib/variants';
+import { VERSION } from '../src';
 import { only, placeholderCleanupCode, read, REPO, synth } from './helpers';
 
 const PAGE = 'docs/src/getting-started/cdk.md';
@@ -74,6 +75,7 @@ test('the variants synthesize: released ARNs, a layer of your own, a pinned vers
     ['example-own-layer', new OwnLayerStack(app, 'OwnLayer')],
     ['example-pinned', new PinnedStack(app, 'Pinned')],
     ['example-batch', new BatchStack(app, 'Batch')],
+    ['example-from-template', new FromTemplateStack(app, 'FromTemplate')],
   ]);
   const t = Object.fromEntries(stacks.map(([name, stack]) => [name, inReleaseDir(() => synth(stack, name))]));
 
@@ -102,6 +104,10 @@ test('the variants synthesize: released ARNs, a layer of your own, a pinned vers
     FLIGHTLOCK_WAIT: '0',
   });
   assert.match(JSON.stringify(batch.toJSON()), /"dynamodb:LeadingKeys":\["orders\/\*"\]/);
+
+  const fromTemplate = t['example-from-template'];
+  const defaults = Object.values(fromTemplate.toJSON().Parameters ?? {}).map((p: any) => p.Default).sort();
+  assert.deepEqual(defaults, ['/cdk-bootstrap/hnb659fds/version', '/flightlock/layer/arm64/0.1.0', '/flightlock/table/lock-user-policy', '/flightlock/table/name']);
 });
 
 test('the example stack: the function gated, the table, the cleanup function, the layer from SSM', () => {
@@ -116,7 +122,7 @@ test('the example stack: the function gated, the table, the cleanup function, th
     FLIGHTLOCK_KEY: 'nightly-report',
   });
   const layerParam = t.toJSON().Parameters[report.Properties.Layers[0].Ref];
-  assert.deepEqual(layerParam, { Type: 'AWS::SSM::Parameter::Value<String>', Default: '/flightlock/layer/arm64/latest' });
+  assert.deepEqual(layerParam, { Type: 'AWS::SSM::Parameter::Value<String>', Default: `/flightlock/layer/arm64/${VERSION}` });
   assert.ok(Object.keys(fns).some((id) => id.startsWith('FlightlockCleanup')));
   assert.equal(only(t, 'AWS::Events::Rule')[1].Properties.ScheduleExpression, 'rate(15 minutes)');
   // No export: nothing another stack imports, so no update is ever blocked by one.

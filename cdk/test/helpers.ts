@@ -9,8 +9,11 @@ import { App, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 
-/** The repository's root (this file runs from cdk/build/test/). */
-export const REPO = path.resolve(__dirname, '..', '..', '..');
+/**
+ * The repository's root: this file runs from cdk/build/test/, or from a copy of cdk/ elsewhere
+ * that scripts/check-cdk points here with FLIGHTLOCK_REPO (the synth against the peer floor).
+ */
+export const REPO = process.env.FLIGHTLOCK_REPO ?? path.resolve(__dirname, '..', '..', '..');
 
 /** Where the synthesized templates go for cfn-lint (scripts/check-cdk). */
 export const TEMPLATES_OUT = process.env.FLIGHTLOCK_CDK_TEMPLATES ?? path.join(REPO, 'cdk', 'test-out', 'templates');

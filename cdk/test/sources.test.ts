@@ -18,6 +18,7 @@ import {
   LOCK_USER_ACTIONS,
   SWITCH_OFF_WORDS,
   TABLE_SCHEMA,
+  VERSION,
   WRAPPER,
 } from '../src';
 import { read, REPO, section } from './helpers';
@@ -104,6 +105,7 @@ test('the package version is the workspace\'s (Cargo.toml), the release the cons
   assert.equal(pkg.version, version);
   assert.equal(lock.version, version);
   assert.equal(lock.packages[''].version, version);
+  assert.equal(VERSION, version, 'src/index.ts VERSION (the layer version attached by default)');
 });
 
 test('the switch words read as off are the lock crate\'s (lock/src/options.rs)', () => {

@@ -23,7 +23,8 @@ export class JobsStack extends Stack {
     });
 
     // A lock table and the cleanup function in this stack; the layer's ARN is read at each
-    // deploy from the SSM parameter /flightlock/layer/arm64/latest of this account and region.
+    // deploy from the SSM parameter /flightlock/layer/arm64/<version> of this account and region
+    // (this construct's release: VERSION).
     const locks = new Flightlock(this, 'Flightlock', {
       createTable: true,
       cleanup: { code: props.cleanupCode },

@@ -4,7 +4,7 @@ import { Duration, RemovalPolicy, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { Construct } from 'constructs';
-import { Flightlock, releasedLayerArn } from 'flightlock-cdk';
+import { Flightlock, OnBusy, releasedLayerArn } from 'flightlock-cdk';
 
 function job(scope: Construct, architecture: lambda.Architecture): lambda.Function {
   return new lambda.Function(scope, 'Job', {
@@ -28,6 +28,18 @@ export class ReleasedLayerStack extends Stack {
       },
     });
     locks.attach(fn);
+  }
+}
+
+/** What template.yaml deployed in the account: its table, its lock-user policy, its layer. */
+export class FromTemplateStack extends Stack {
+  constructor(scope: Construct, id: string) {
+    super(scope, id);
+    const fn = job(this, lambda.Architecture.ARM_64);
+    // Reads /flightlock/table/name, /flightlock/table/lock-user-policy and
+    // /flightlock/layer/arm64/0.1.0 at deploy time (the template's ParameterPrefix: /flightlock).
+    const locks = Flightlock.fromTemplate(this, 'Flightlock', { layerVersion: '0.1.0' });
+    locks.attach(fn, { key: 'nightly' });
   }
 }
 
@@ -63,7 +75,7 @@ export class PinnedStack extends Stack {
     locks.attach(consumer, {
       key: 'orders/import',
       wait: Duration.seconds(20), // below the queue's visibility timeout
-      onBusy: 'error',
+      onBusy: OnBusy.ERROR,
       settings: { FLIGHTLOCK_LOG_LEVEL: 'debug' },
     });
   }
