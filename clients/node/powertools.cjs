@@ -19,7 +19,7 @@
 // fails the rest of a group after a failure); records of one key in one batch also run one after
 // another, in batch order, and after a failed one the later ones fail too, with any processor.
 
-const { LockApiError, Locks, Refusal } = require("./index.cjs");
+const { LockApiError, Locks, NO_LOCK_API, Refusal } = require("./index.cjs");
 
 /** A record's key stayed held by another invocation for the whole wait. */
 class RecordBusyError extends Error {
@@ -110,6 +110,21 @@ function isSyncProcessor(processor) {
 // Per invocation (Powertools passes the same context object with every record of a batch).
 const batches = new WeakMap();
 
+// Powertools keeps a failed record's error to itself (a batch that failed whole shows only
+// "All records failed processing"), so the errors that need a fix are logged here: a missing
+// lock API once per batch, a record without a key and any other refusal once per record. A busy
+// key and the user's own errors are not: they are what batchItemFailures report.
+function report(batch, e) {
+  if (e instanceof RecordBusyError || e instanceof EarlierRecordFailedError) return;
+  if (e instanceof LockApiError && e.error === NO_LOCK_API) {
+    if (batch.noLockApiLogged) return;
+    batch.noLockApiLogged = true;
+  } else if (!(e instanceof LockApiError || e instanceof RecordKeyError)) {
+    return;
+  }
+  console.error(e.message);
+}
+
 /**
  * Wraps `handler(record, token, context)` into a Powertools record handler that holds the lock
  * of the record's key while it runs. `options`: `key(record)` (the default: defaultKey),
@@ -120,17 +135,34 @@ function lockPerRecord(handler, options = {}) {
   if (typeof handler !== "function") throw new TypeError("flightlock: lockPerRecord(handler) needs a function");
   async function run(record, context) {
     if (typeof context?.awsRequestId !== "string") {
-      throw new Error(
+      const e = new Error(
         "flightlock: the record handler got no Lambda context: pass it to Powertools, " +
           "processPartialResponse(event, recordHandler, processor, { context })",
       );
+      console.error(e.message);
+      throw e;
     }
     let batch = batches.get(context);
     if (batch === undefined) {
-      batch = { locks: new Locks(context, options.lockApi), tails: new Map(), failed: new Set() };
+      batch = { locks: undefined, broken: undefined, tails: new Map(), failed: new Set() };
+      try {
+        batch.locks = new Locks(context, options.lockApi);
+      } catch (e) {
+        batch.broken = e; // no lock API in this environment: every record fails with it
+      }
       batches.set(context, batch);
     }
-    const key = keyOf(record, options.key);
+    if (batch.broken !== undefined) {
+      report(batch, batch.broken);
+      throw batch.broken;
+    }
+    let key;
+    try {
+      key = keyOf(record, options.key);
+    } catch (e) {
+      report(batch, e);
+      throw e;
+    }
     const before = batch.tails.get(key);
     let done;
     const mine = new Promise((resolve) => (done = resolve));
@@ -156,6 +188,7 @@ function lockPerRecord(handler, options = {}) {
       return value;
     } catch (e) {
       batch.failed.add(key);
+      report(batch, e);
       throw e;
     } finally {
       done();

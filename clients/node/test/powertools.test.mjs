@@ -127,7 +127,8 @@ for (const [flavour, m] of [
       assert.ok(processor.errors.some((e) => e.name === "EarlierRecordFailedError"), String(processor.errors));
     });
 
-    test("a key function that throws, a record without a group id: failed, with the fix named", async () => {
+    test("a key function that throws, a record without a group id: failed, with the fix named", async (t) => {
+      const logged = t.mock.method(console, "error", () => {});
       const ran = [];
       const throwing = m.lockPerRecord((r) => ran.push(r.messageId), {
         key: (record) => JSON.parse(record.body).entity.id,
@@ -146,6 +147,11 @@ for (const [flavour, m] of [
       const r2 = await processPartialResponse({ Records: [sqs("s1", "g"), sqs("s2", null)] }, standard, p2, { context: invocation() });
       assert.deepEqual(failedIds(r2), ["s2"]);
       assert.match(p2.errors[0].message, /s2 has no attributes\.MessageGroupId.*key: \(record\) =>/);
+      assert.deepEqual(
+        logged.mock.calls.map((c) => c.arguments[0]),
+        [processor.errors[0].message, p2.errors[0].message],
+        "each record without a key is logged",
+      );
       assert.throws(() => m.defaultKey({ eventSource: "aws:dynamodb", dynamodb: { SequenceNumber: "7" } }), /DynamoDB Streams record 7 has no default key/);
       assert.equal(m.defaultKey({ eventSource: "aws:kinesis", kinesis: { partitionKey: "pk-1", sequenceNumber: "9" } }), "pk-1");
     });
@@ -168,20 +174,33 @@ for (const [flavour, m] of [
       assert.deepEqual(seen.map(([pk]) => pk).sort(), ["kp-a", "kp-b"]);
     });
 
-    test("no lock API: no record is reported processed (Powertools fails the whole batch)", async () => {
-      const ran = [];
-      const handler = m.lockPerRecord((r) => ran.push(r.messageId), { lockApi: { runtimeApi: "127.0.0.1:9", sessionToken: "t" } });
-      const processor = new SqsFifoPartialProcessorAsync();
-      await assert.rejects(
-        processPartialResponse({ Records: [sqs("t1", "g"), sqs("t2", "g")] }, handler, processor, { context: invocation() }),
-        (e) => e.name === "FullBatchFailureError",
-      );
-      assert.deepEqual(ran, []);
-      assert.equal(processor.errors[0].error, "noLockApi");
-      assert.match(processor.errors[0].message, /AWS_LAMBDA_EXEC_WRAPPER=\/opt\/flightlock-wrapper/);
+    test("no lock API: no record is reported processed, and the log names the fix once", async (t) => {
+      const logged = t.mock.method(console, "error", () => {});
+      for (const [lockApi, fix] of [
+        [{ runtimeApi: "127.0.0.1:9", sessionToken: "t" }, /AWS_LAMBDA_EXEC_WRAPPER=\/opt\/flightlock-wrapper/],
+        [{ runtimeApi: api.runtimeApi, sessionToken: "" }, /AWS_SESSION_TOKEN is not set/],
+      ]) {
+        logged.mock.resetCalls();
+        const ran = [];
+        const handler = m.lockPerRecord((r) => ran.push(r.messageId), { lockApi });
+        const processor = new BatchProcessor(EventType.SQS);
+        await assert.rejects(
+          processPartialResponse({ Records: [sqs("t1", "g"), sqs("t2", "h")] }, handler, processor, { context: invocation() }),
+          (e) => e.name === "FullBatchFailureError",
+        );
+        assert.deepEqual(ran, []);
+        assert.equal(processor.errors.length, 2);
+        for (const e of processor.errors) {
+          assert.equal(e.error, "noLockApi");
+          assert.match(e.message, fix);
+        }
+        assert.equal(logged.mock.callCount(), 1, "logged once per batch");
+        assert.match(logged.mock.calls[0].arguments[0], fix);
+      }
     });
 
-    test("no context passed to Powertools, or a sync processor: failed, never processed", async () => {
+    test("no context passed to Powertools, or a sync processor: failed, never processed", async (t) => {
+      t.mock.method(console, "error", () => {});
       const ran = [];
       const handler = m.lockPerRecord((r) => ran.push(r.messageId), { lockApi: lockApi() });
       const p1 = new BatchProcessor(EventType.SQS);

@@ -228,3 +228,36 @@ async fn powertools_fifo_consumers_from_the_layer_keep_groups_apart_and_in_order
     stop_all(envs).await;
     let _ = std::fs::remove_file(&record);
 }
+
+/// The layer attached, `AWS_LAMBDA_EXEC_WRAPPER` not set and the extension's own check of it
+/// turned off (`FLIGHTLOCK_WRAPPER_CHECK=off`, as for a chained wrapper that should run
+/// flightlock's and does not): the runtime talks to Lambda's own Runtime API, which serves no
+/// lock API. No record runs and none is reported processed: the invocation fails (Powertools'
+/// whole-batch failure, so Lambda delivers the batch again), and the function's log says what to
+/// set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_wrapper_no_record_runs_and_the_log_names_the_fix() {
+    let (endpoint, table) = table("e2e_node_powertools_nowrap").await;
+    let record = record_file("node-powertools-nowrap");
+    let spec = Spec {
+        wrapper: false,
+        ..Spec::layered("ptnowrap", Runtime::NodePowertools)
+            .with("FLIGHTLOCK_GATE", "off")
+            .with("FLIGHTLOCK_WRAPPER_CHECK", "off")
+    };
+    let envs = start_all("ptnw", &[spec], &endpoint, &table, &record).await;
+    let e = &envs[0];
+    let batch: Vec<Message> = (0..4).map(|seq| Message { queue: 'A', seq }).collect();
+    let r = e.invoke(fifo_event(&batch)).await.json();
+    assert_eq!(r["errorType"], "FullBatchFailureError", "{r}\n{}", e.log());
+    assert!(
+        record_lines(&record).is_empty(),
+        "a record ran without its lock"
+    );
+    let log = e.log();
+    let fix = "AWS_LAMBDA_EXEC_WRAPPER is not set): attach the flightlock layer and set \
+               AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper";
+    assert!(log.contains(fix), "the fix is not in the log:\n{log}");
+    stop_all(envs).await;
+    let _ = std::fs::remove_file(&record);
+}
