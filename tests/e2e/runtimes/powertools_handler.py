@@ -1,4 +1,5 @@
-"""An SQS FIFO consumer on Powertools for AWS Lambda for the end-to-end tests
+"""The SQS recipe's FIFO consumer on Powertools for AWS Lambda
+(docs/src/recipes/sqs/sqs_fifo_powertools.py, copied beside this file) for the end-to-end tests
 (tests/e2e/tests/e2e/powertools.rs), run by awslambdaric: `flightlock` comes from the layer's
 /opt/python, aws_lambda_powertools from the function's own dependencies (PYTHONPATH); nothing of
 flightlock's is copied beside this file.
@@ -15,12 +16,8 @@ import json
 import os
 import time
 
-from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, process_partial_response
-
 import flightlock
-from flightlock.powertools import locked
-
-processor = SqsFifoPartialProcessor(skip_group_on_error=os.environ.get("E2E_SKIP_GROUP") == "1")
+from sqs_fifo_powertools import consumer
 
 
 def _write(line):
@@ -33,8 +30,7 @@ def _write(line):
         os.close(fd)
 
 
-@locked
-def record_handler(record, token):
+def work(record, token):
     group = record.attributes.message_group_id
     body = json.loads(record.body)
     seq = body["seq"]
@@ -55,8 +51,11 @@ def record_handler(record, token):
     _write({"what": "record", "start": start, "end": time.time_ns(), **seen})
 
 
+_consume = consumer(work, skip_group_on_error=os.environ.get("E2E_SKIP_GROUP") == "1")
+
+
 def handler(event, context):
     if not event.get("Records"):
         # The tests' warm-up (Lambda never sends an empty batch; Powertools refuses one).
         return {"batchItemFailures": []}
-    return process_partial_response(event, record_handler, processor, context)
+    return _consume(event, context)

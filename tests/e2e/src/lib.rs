@@ -155,9 +155,10 @@ pub enum Runtime {
     /// (`docs/src/recipes/sqs/sqs_fifo_powertools.mjs`), `flightlock/powertools` imported from
     /// the layer and Powertools from the function's `node_modules` ([`NODE_POWERTOOLS_ENV`]).
     NodePowertools,
-    /// `tests/e2e/runtimes/powertools_handler.py` under `awslambdaric`: a FIFO consumer on
-    /// Powertools' `SqsFifoPartialProcessor` with `flightlock.powertools`, the client imported
-    /// from the layer's `/opt/python` and Powertools from [`POWERTOOLS_ENV`].
+    /// `tests/e2e/runtimes/powertools_handler.py` under `awslambdaric`: the SQS recipe's FIFO
+    /// consumer on Powertools' `SqsFifoPartialProcessor` with `flightlock.powertools`
+    /// (`docs/src/recipes/sqs/sqs_fifo_powertools.py`), the client imported from the layer's
+    /// `/opt/python` and Powertools from [`POWERTOOLS_ENV`].
     PythonPowertools,
     /// `tests/e2e/runtimes/records_bootstrap.sh`: a bash + curl custom runtime whose handler
     /// locks one key per event with the guide's shell client
@@ -193,6 +194,10 @@ pub const RECORD_FILES: &[(&str, &str)] = &[
     (
         "tests/e2e/runtimes/powertools_handler.py",
         "powertools_handler.py",
+    ),
+    (
+        "docs/src/recipes/sqs/sqs_fifo_powertools.py",
+        "sqs_fifo_powertools.py",
     ),
     (
         "tests/e2e/runtimes/records_handler.mjs",

@@ -1,6 +1,7 @@
 //! Powertools for AWS Lambda with flightlock's Python client from the layer (issue 44): three
 //! environments under the Runtime Interface Emulator run `tests/e2e/runtimes/powertools_handler.py`
-//! (awslambdaric; Powertools' `SqsFifoPartialProcessor` with `flightlock.powertools.locked`),
+//! (awslambdaric; the SQS recipe's `docs/src/recipes/sqs/sqs_fifo_powertools.py`: Powertools'
+//! `SqsFifoPartialProcessor` with `flightlock.powertools.locked`),
 //! which imports `flightlock` from the layer's `/opt/python` (nothing copied beside it) and
 //! `aws_lambda_powertools` from PyPI (`FLIGHTLOCK_POWERTOOLS_PATH`, set by
 //! `scripts/client-python-tools`). Needs the usual e2e tools besides.
