@@ -23,6 +23,12 @@ pub const RUNTIME_API: &str = "AWS_LAMBDA_RUNTIME_API";
 /// of its callers.
 pub const SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
 
+/// Lambda's variable with the token of the container credentials endpoint, set instead of
+/// [`SESSION_TOKEN`] in functions restored from a SnapStart snapshot (their credentials come from
+/// `AWS_CONTAINER_CREDENTIALS_FULL_URI`). Like the session token it is in the environment of the
+/// extension and of the runtime only: the lock API's secret there.
+pub const CONTAINER_TOKEN: &str = "AWS_CONTAINER_AUTHORIZATION_TOKEN";
+
 /// Default proxy port (the wrapper script uses the same default).
 pub const DEFAULT_PROXY_PORT: u16 = 9009;
 
@@ -36,8 +42,9 @@ pub struct Settings {
     pub upstream: Option<String>,
     /// `FLIGHTLOCK_WRAPPER_CHECK`. Default on.
     pub wrapper_check: bool,
-    /// `AWS_SESSION_TOKEN`, what callers of the lock API must send. `None` (unset, as under
-    /// some local emulators): every call is refused, saying why.
+    /// What callers of the lock API must send: `AWS_SESSION_TOKEN`, else (SnapStart)
+    /// `AWS_CONTAINER_AUTHORIZATION_TOKEN`. `None` (neither set, as under some local
+    /// emulators): every call is refused, saying why.
     pub api_token: Option<String>,
 }
 
@@ -83,7 +90,7 @@ impl Settings {
             proxy_port,
             upstream,
             wrapper_check,
-            api_token: value(env, SESSION_TOKEN),
+            api_token: value(env, SESSION_TOKEN).or_else(|| value(env, CONTAINER_TOKEN)),
         })
     }
 }
@@ -146,6 +153,16 @@ mod tests {
         assert_eq!(s.proxy_port, 9100);
         assert_eq!(s.upstream.as_deref(), Some("127.0.0.1:9200"));
         assert!(!s.wrapper_check);
+    }
+
+    #[test]
+    fn under_snapstart_the_container_token_is_the_lock_apis_secret() {
+        // SnapStart: no AWS_SESSION_TOKEN, the container credentials' token instead.
+        let s = Settings::from_map(&map(&[(CONTAINER_TOKEN, "container-token")])).unwrap();
+        assert_eq!(s.api_token.as_deref(), Some("container-token"));
+        // Both set: the session token, as every client sends it first.
+        let s = Settings::from_map(&map(&[(CONTAINER_TOKEN, "c"), (SESSION_TOKEN, "s")])).unwrap();
+        assert_eq!(s.api_token.as_deref(), Some("s"));
     }
 
     #[test]

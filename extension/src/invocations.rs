@@ -6,6 +6,14 @@
 //! never went through the proxy). Whichever arrives first creates the slot; the INVOKE handler
 //! removes it.
 //!
+//! **A slot is one delivery, not one request id.** Lambda retries an asynchronous invocation
+//! with the same request id (after about 1 and 2 minutes), so a request id can come again after
+//! its first delivery ended. The proxy sees every delivery (one event per `GET next`) and starts
+//! each in a fresh slot ([`Invocations::delivery`]): its own crash watch, its own record locks,
+//! nothing of the ended one. The INVOKE handler and the Telemetry API's `platform.start` only
+//! learn a request id ([`Invocations::slot`]): they join the delivery the proxy started, and
+//! take a slot that ended more than [`EARLIER_DELIVERY`] ago for an earlier delivery's.
+//!
 //! The crash watch of an invocation is its slot's too ([`Slot::watch`]): it waits until the
 //! invocation is finished or the runtime process that got its event has died with every process
 //! it started (a crash: Lambda then resets the sandbox and kills the extension without a
@@ -27,6 +35,12 @@ use flightlock_lambda::records::Records;
 /// [`Invocations::forgetting_after`].
 pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
+/// A slot that ended this long before the INVOKE event or `platform.start` of its request id
+/// came is an earlier delivery's: the platform's events of one delivery come within a few
+/// seconds of its event (at most [`crate::lifecycle::UNENFORCED_GRACE`] apart), and Lambda
+/// retries an invocation a minute or more after it ended.
+pub const EARLIER_DELIVERY: Duration = Duration::from_secs(20);
+
 /// A held lock of one invocation (heartbeating until the gate releases it).
 pub use flightlock_lambda::gate::Held;
 
@@ -39,6 +53,8 @@ pub struct Slot {
     /// lock API for this invocation.
     handed_over: std::sync::atomic::AtomicBool,
     done: watch::Sender<bool>,
+    /// When it was marked done (tokio's clock, which tests can pause and advance).
+    ended: std::sync::OnceLock<tokio::time::Instant>,
     /// The locks its handler takes through the lock API, from when its event went to the
     /// runtime.
     records: Mutex<Option<Arc<Records>>>,
@@ -57,6 +73,7 @@ impl Slot {
             seen: watch::channel(false).0,
             handed_over: std::sync::atomic::AtomicBool::new(false),
             done: watch::channel(false).0,
+            ended: std::sync::OnceLock::new(),
             records: Mutex::new(None),
             held: Mutex::new(None),
             runtime: Mutex::new(None),
@@ -99,7 +116,18 @@ impl Slot {
 
     /// Marks the invocation finished (answered and released).
     pub fn mark_done(&self) {
+        let _ = self.ended.set(tokio::time::Instant::now());
         self.done.send_replace(true);
+    }
+
+    /// True once the proxy has seen its event.
+    pub fn is_seen(&self) -> bool {
+        *self.seen.borrow()
+    }
+
+    /// True if it ended more than `ago` ago.
+    fn ended_before(&self, ago: Duration) -> bool {
+        self.ended.get().is_some_and(|at| at.elapsed() > ago)
     }
 
     /// True once finished.
@@ -115,6 +143,11 @@ impl Slot {
     /// Takes the held lock, if any.
     pub fn take_held(&self) -> Option<Held> {
         self.lock_held().take()
+    }
+
+    /// The key of the lock the gate took for it, while held.
+    pub fn held_key(&self) -> Option<String> {
+        self.lock_held().as_ref().map(|h| h.key().to_owned())
     }
 
     /// True if the held lock is known lost (a heartbeat found it gone or taken over).
@@ -201,12 +234,30 @@ impl Invocations {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The slot of `id`, created if new.
+    /// The slot of the current delivery of `id` (the INVOKE handler, `platform.start`): the one
+    /// the proxy started, or a new one the proxy will join; a slot that ended more than
+    /// [`EARLIER_DELIVERY`] ago is an earlier delivery's and is replaced.
     pub fn slot(&self, id: &str) -> Arc<Slot> {
         let mut slots = self.lock();
-        if let Some(s) = slots.get(id) {
-            return s.clone();
+        match slots.get(id) {
+            Some(s) if !s.ended_before(EARLIER_DELIVERY) => s.clone(),
+            _ => self.insert_new(&mut slots, id),
         }
+    }
+
+    /// The slot of a delivery of `id` the proxy has just fetched: the one the INVOKE handler
+    /// made for it (not seen by the proxy yet), else a new one. A slot the proxy saw before is
+    /// an earlier delivery's (a retry with the same request id) and is replaced: the new
+    /// delivery gets its own crash watch and record locks.
+    pub fn delivery(&self, id: &str) -> Arc<Slot> {
+        let mut slots = self.lock();
+        match slots.get(id) {
+            Some(s) if !s.is_seen() => s.clone(),
+            _ => self.insert_new(&mut slots, id),
+        }
+    }
+
+    fn insert_new(&self, slots: &mut HashMap<String, Arc<Slot>>, id: &str) -> Arc<Slot> {
         let forget = self.forget_after;
         slots.retain(|_, s| !(s.is_done() && s.created.elapsed() > forget));
         let s = Arc::new(Slot::new());
@@ -214,14 +265,17 @@ impl Invocations {
         s
     }
 
-    /// The slot of `id`, if it exists.
+    /// The slot of the latest delivery of `id`, if there is one.
     pub fn get(&self, id: &str) -> Option<Arc<Slot>> {
         self.lock().get(id).cloned()
     }
 
-    /// Forgets `id`.
-    pub fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    /// Forgets `slot`, the slot of `id`, unless a later delivery of `id` has replaced it.
+    pub fn remove(&self, id: &str, slot: &Arc<Slot>) {
+        let mut slots = self.lock();
+        if slots.get(id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(id);
+        }
     }
 
     /// Every slot (for shutdown).
@@ -327,8 +381,46 @@ mod tests {
         assert!(s.wait_seen(Duration::from_secs(2)).await);
         s.mark_done();
         assert!(t.await.unwrap());
-        inv.remove("r1");
+        inv.remove("r1", &s);
         assert!(inv.is_empty());
         assert!(inv.get("r1").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_retried_request_id_is_a_new_delivery_with_a_slot_of_its_own() {
+        let inv = Invocations::default();
+        // The first delivery: the INVOKE handler's slot, joined by the proxy.
+        let first = inv.slot("r1");
+        assert!(Arc::ptr_eq(&first, &inv.delivery("r1")));
+        first.mark_seen();
+        first.mark_done();
+        // An INVOKE event handled late for that same delivery still joins it.
+        assert!(Arc::ptr_eq(&first, &inv.slot("r1")));
+        // Lambda retries it with the same request id: the proxy starts a fresh slot.
+        let retry = inv.delivery("r1");
+        assert!(!Arc::ptr_eq(&first, &retry));
+        assert!(!retry.is_done() && !retry.is_seen() && retry.records().is_none());
+        assert!(Arc::ptr_eq(&retry, &inv.get("r1").unwrap()));
+        // The first delivery's watch ends: it forgets its own slot, not the retry's.
+        inv.remove("r1", &first);
+        assert!(Arc::ptr_eq(&retry, &inv.get("r1").unwrap()));
+        inv.remove("r1", &retry);
+        assert!(inv.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_platform_event_long_after_an_end_starts_a_new_delivery() {
+        let inv = Invocations::default();
+        let first = inv.delivery("r1");
+        first.mark_seen();
+        first.mark_done();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(Arc::ptr_eq(&first, &inv.slot("r1")), "the same delivery");
+        tokio::time::advance(EARLIER_DELIVERY).await;
+        let retry = inv.slot("r1");
+        assert!(!Arc::ptr_eq(&first, &retry), "an earlier delivery's slot");
+        assert!(!retry.is_seen() && !retry.is_done());
+        // The proxy then joins the slot the INVOKE handler made for the retry.
+        assert!(Arc::ptr_eq(&retry, &inv.delivery("r1")));
     }
 }

@@ -48,7 +48,7 @@ pub async fn on_event(proxy: Arc<Proxy>, event: NextEvent) -> bool {
 
 /// Waits up to the grace for the proxy to see invocation `id`; if it does not, reports the
 /// invocation as unenforced, forgets it and returns false.
-async fn enforced(proxy: &Proxy, slot: &Slot, id: &str, left: Duration) -> bool {
+async fn enforced(proxy: &Proxy, slot: &Arc<Slot>, id: &str, left: Duration) -> bool {
     // No runtime has ever asked the proxy for an event: this one cannot have gone
     // through it either, so say so at once instead of holding the finished invocation
     // open (and billed) for the grace.
@@ -74,7 +74,7 @@ async fn enforced(proxy: &Proxy, slot: &Slot, id: &str, left: Duration) -> bool 
          on the function (OS-only runtimes: see the flightlock docs)"
     );
     proxy.metrics().count(Metric::UnenforcedInvocations);
-    proxy.invocations().remove(id);
+    proxy.invocations().remove(id, slot);
     false
 }
 
@@ -97,7 +97,7 @@ async fn watch(proxy: Arc<Proxy>, id: String, deadline_ms: u64) {
     // watching then; SHUTDOWN releases the lock. (A response sent at the last moment is
     // still released by the proxy.)
     if proxy.watch_until_done(&slot, &id, left).await {
-        proxy.invocations().remove(&id);
+        proxy.invocations().remove(&id, &slot);
     } else {
         tracing::warn!(
             request_id = %id,

@@ -11,17 +11,30 @@
 //!      200 {"key","released":true} | 404 notHeld | 409 lost
 //! GET  /flightlock/v1/invocations/{requestId}/locks
 //!      200 {"locks":[{"key","token","permits","lost"}]}
-//! every call: X-Flightlock-Token: $AWS_SESSION_TOKEN
+//! every call: X-Flightlock-Token: $AWS_SESSION_TOKEN (SnapStart: $AWS_CONTAINER_AUTHORIZATION_TOKEN)
 //! ```
 //!
 //! **Who may call.** Every call carries [`TOKEN_HEADER`] with the function's
 //! `AWS_SESSION_TOKEN`, which only processes of the execution environment have (AWS's
 //! Parameters and Secrets extension asks the same of its callers): a server-side request
 //! forgery in the handler, which makes it fetch a URL but sets no header of the attacker's
-//! choosing, cannot take or free a lock. Every call names an invocation in flight in this
-//! environment, by the request id the runtime handed the handler: a call for one that has
-//! ended, or that this environment never ran, is refused. Several invocations in flight at once
-//! (Lambda Managed Instances) each have their own set.
+//! choosing, cannot take or free a lock. Functions restored from a SnapStart snapshot have no
+//! session token; Lambda gives them `AWS_CONTAINER_AUTHORIZATION_TOKEN` (the container
+//! credentials' token, as private to the environment), and that is the secret there.
+//!
+//! Every call names an invocation in flight in this environment, by the request id the runtime
+//! handed the handler: a call for one that has ended, or that this environment never ran, is
+//! refused. A request id names an invocation, not a delivery: a retried one is a new delivery
+//! with a set of its own ([`crate::invocations`]). Several invocations in flight at once
+//! (Lambda Managed Instances) each have their own set, and there a call is also bound to the
+//! process that runs the invocation ([`Caller`]): a runtime process that runs one invocation at
+//! a time (Python, Java, .NET) can take or free only its own invocation's locks, whatever
+//! request id it names. A runtime that runs several invocations in one process (Node.js) cannot
+//! be told apart that way; there the request id is the only name, so it is never disclosed: a
+//! busy answer says who holds a key (function, host, ticket), never which invocation.
+//!
+//! A key the invocation's own gate holds (`FLIGHTLOCK_KEY`) is refused at once (`heldByGate`):
+//! acquiring it would wait for itself until the deadline.
 //!
 //! **Every lock ends with its invocation.** The locks are an invocation's
 //! [`flightlock_lambda::records::Records`] (the same mechanism as the in-process layer's): when
@@ -49,8 +62,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::body::{full, ProxyBody};
-use crate::config::SESSION_TOKEN;
-use crate::invocations::Invocations;
+use crate::config::{CONTAINER_TOKEN, SESSION_TOKEN};
+use crate::invocations::{Invocations, Slot};
+use crate::processes::runtime::Proc;
 
 /// Every path of the API starts with this.
 pub const PATH_PREFIX: &str = "/flightlock/v1/";
@@ -122,6 +136,15 @@ pub fn route(method: &Method, path: &str) -> Option<Result<Call, Refusal>> {
     Some(Ok(call))
 }
 
+impl Call {
+    /// The request id the call names.
+    pub fn request_id(&self) -> &str {
+        match self {
+            Call::Acquire(id) | Call::Release(id) | Call::List(id) => id,
+        }
+    }
+}
+
 fn not_found(path: &str) -> Refusal {
     refuse(
         StatusCode::NOT_FOUND,
@@ -141,8 +164,9 @@ pub fn authorize(expected: Option<&str>, sent: Option<&HeaderValue>) -> Result<(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             format!(
-                "the lock API is off: {SESSION_TOKEN} is not set in the extension's environment \
-                 (Lambda always sets it; set it when emulating Lambda locally)"
+                "the lock API is off: neither {SESSION_TOKEN} nor {CONTAINER_TOKEN} is set in the \
+                 extension's environment (Lambda sets one of them; set {SESSION_TOKEN} when \
+                 emulating Lambda locally)"
             ),
         ));
     };
@@ -150,7 +174,10 @@ pub fn authorize(expected: Option<&str>, sent: Option<&HeaderValue>) -> Result<(
         return Err(refuse(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            format!("send the header {TOKEN_HEADER} with the value of {SESSION_TOKEN}"),
+            format!(
+                "send the header {TOKEN_HEADER} with the value of {SESSION_TOKEN} (under \
+                 SnapStart, {CONTAINER_TOKEN})"
+            ),
         ));
     };
     let (a, b) = (expected.as_bytes(), sent.as_bytes());
@@ -159,7 +186,10 @@ pub fn authorize(expected: Option<&str>, sent: Option<&HeaderValue>) -> Result<(
         return Err(refuse(
             StatusCode::FORBIDDEN,
             "forbidden",
-            format!("{TOKEN_HEADER} is not this environment's {SESSION_TOKEN}"),
+            format!(
+                "{TOKEN_HEADER} is not this environment's {SESSION_TOKEN} (under SnapStart, \
+                 {CONTAINER_TOKEN})"
+            ),
         ));
     }
     Ok(())
@@ -247,21 +277,56 @@ fn not_in_flight(id: &str) -> Refusal {
     )
 }
 
-/// Answers one call: `token` is what callers must send (`None`: every call is refused), and
+/// Who makes a call, as far as the platform lets the extension know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// One invocation in flight at a time (the standard mode): the request id and the token
+    /// are the whole check.
+    Unbound,
+    /// Lambda Managed Instances: the runtime process on the other end of the call's connection
+    /// (`None`: not found). A call for an invocation whose runtime process is known is answered
+    /// only if it comes from that process or a process it started.
+    Process(Option<Proc>),
+}
+
+/// Checks that `caller` may act for the invocation in `slot`. Pure.
+pub fn bound(caller: Caller, slot: &Slot, id: &str) -> Result<(), Refusal> {
+    let Caller::Process(from) = caller else {
+        return Ok(());
+    };
+    match slot.runtime() {
+        // Not known (the runtime was not started through the wrapper, or /proc is not
+        // readable): nothing to bind to; the request id is the check, as in the standard mode.
+        None => Ok(()),
+        Some(runs) if from == Some(runs) => Ok(()),
+        Some(_) => Err(refuse(
+            StatusCode::FORBIDDEN,
+            "notYourInvocation",
+            format!(
+                "invocation {id:?} runs in another runtime process than this call comes from: a \
+                 handler takes and frees the locks of its own invocation (the request id its \
+                 context gives it), never another's"
+            ),
+        )),
+    }
+}
+
+/// Answers one call: `token` is what callers must send (`None`: every call is refused),
 /// `invocations` the invocations in flight in this environment, whose locks a call may take or
-/// free.
+/// free, and `caller` who makes the call.
 pub async fn serve(
     token: Option<&str>,
     invocations: &Invocations,
+    caller: Caller,
     call: Call,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let answer = match authorize(token, req.headers().get(TOKEN_HEADER)) {
         Err(refusal) => Err(refusal),
         Ok(()) => match call {
-            Call::Acquire(id) => acquire(invocations, &id, req).await,
-            Call::Release(id) => release(invocations, &id, req).await,
-            Call::List(id) => in_flight(invocations, &id).map(|records| {
+            Call::Acquire(id) => acquire(invocations, caller, &id, req).await,
+            Call::Release(id) => release(invocations, caller, &id, req).await,
+            Call::List(id) => in_flight(invocations, caller, &id).map(|(_, records)| {
                 let locks: Vec<Value> = records
                     .held()
                     .into_iter()
@@ -297,11 +362,19 @@ fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
 
 type Answer = Result<(StatusCode, Value), Refusal>;
 
-/// The locks of invocation `id`, if it is in flight here (its event was handed to the runtime
-/// and it has not ended).
-fn in_flight(invocations: &Invocations, id: &str) -> Result<Arc<Records>, Refusal> {
+/// The delivery of invocation `id` and its locks, if it is in flight here (its event was handed
+/// to the runtime and it has not ended) and `caller` may act for it.
+fn in_flight(
+    invocations: &Invocations,
+    caller: Caller,
+    id: &str,
+) -> Result<(Arc<Slot>, Arc<Records>), Refusal> {
     match invocations.get(id) {
-        Some(slot) if !slot.is_done() => slot.records().ok_or_else(|| not_in_flight(id)),
+        Some(slot) if !slot.is_done() => {
+            let records = slot.records().ok_or_else(|| not_in_flight(id))?;
+            bound(caller, &slot, id)?;
+            Ok((slot, records))
+        }
         _ => Err(not_in_flight(id)),
     }
 }
@@ -322,9 +395,26 @@ async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, Refusal> {
     }
 }
 
-async fn acquire(invocations: &Invocations, id: &str, req: Request<Incoming>) -> Answer {
-    let records = in_flight(invocations, id)?;
+async fn acquire(
+    invocations: &Invocations,
+    caller: Caller,
+    id: &str,
+    req: Request<Incoming>,
+) -> Answer {
+    let (slot, records) = in_flight(invocations, caller, id)?;
     let body = parse_acquire(&read_body(req).await?)?;
+    if slot.held_key().as_deref() == Some(body.key.as_str()) {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "heldByGate",
+            format!(
+                "this invocation holds {:?} already: the gate took it before the handler ran \
+                 (FLIGHTLOCK_KEY); lock other keys here, or set FLIGHTLOCK_GATE=off to take \
+                 every lock through this API",
+                body.key
+            ),
+        ));
+    }
     let wait = body.wait_ms.map(|ms| match ms {
         0 => Wait::NoWait,
         ms => Wait::For(Duration::from_millis(ms)),
@@ -344,8 +434,13 @@ async fn acquire(invocations: &Invocations, id: &str, req: Request<Incoming>) ->
     ))
 }
 
-async fn release(invocations: &Invocations, id: &str, req: Request<Incoming>) -> Answer {
-    let records = in_flight(invocations, id)?;
+async fn release(
+    invocations: &Invocations,
+    caller: Caller,
+    id: &str,
+    req: Request<Incoming>,
+) -> Answer {
+    let (_, records) = in_flight(invocations, caller, id)?;
     let body = parse_release(&read_body(req).await?)?;
     records
         .release(&body.key)
@@ -360,11 +455,26 @@ pub fn refusal(e: RecordError, id: &str) -> Refusal {
         RecordError::Ended => return not_in_flight(id),
         RecordError::AlreadyHeld { .. } => (StatusCode::CONFLICT, "alreadyHeld"),
         RecordError::TooMany => (StatusCode::TOO_MANY_REQUESTS, "tooManyLocks"),
-        RecordError::Busy { holders, .. } => {
-            let holders = serde_json::to_value(holders).unwrap_or(Value::Null);
+        RecordError::Busy {
+            error,
+            holders,
+            cut,
+            ..
+        } => {
+            // Who holds it, for people: never the holders' request ids or owner ids (another
+            // invocation's request id is its name here; see the module docs).
+            let holders: Vec<Value> = holders
+                .iter()
+                .map(|h| json!({"ticket": h.ticket, "function": h.info.function, "host": h.info.host}))
+                .collect();
+            let key = match &**error {
+                flightlock::Error::Busy { key, .. } => key.as_str(),
+                _ => "the key",
+            };
+            let message = format!("{key:?} is busy: {} holder(s) ahead{cut}", holders.len());
             return Refusal {
-                extra: Some(("holders", holders)),
-                ..refuse(StatusCode::CONFLICT, "busy", e.to_string())
+                extra: Some(("holders", Value::Array(holders))),
+                ..refuse(StatusCode::CONFLICT, "busy", message)
             };
         }
         RecordError::NoDecision { .. } => (StatusCode::GATEWAY_TIMEOUT, "noDecision"),

@@ -123,8 +123,9 @@ async fn run(env: HashMap<String, String>) -> Result<(), BoxError> {
     }
     if settings.api_token.is_none() {
         tracing::warn!(
-            "AWS_SESSION_TOKEN is not set: the lock API refuses every call (Lambda always sets \
-             it; set it when emulating Lambda locally)"
+            "neither AWS_SESSION_TOKEN nor AWS_CONTAINER_AUTHORIZATION_TOKEN is set: the lock \
+             API refuses every call (Lambda sets one of them; set AWS_SESSION_TOKEN when \
+             emulating Lambda locally)"
         );
     }
     let config = Arc::new(config);

@@ -58,6 +58,7 @@ use tracing::{field, Instrument};
 
 use crate::body::{boxed, full, BodyEnd, BoxError, NotifyOnEnd, ProxyBody};
 use crate::invocations::{Invocations, Slot, WatchEnd, MAX_INVOCATION};
+use crate::lock_api::Caller;
 use crate::mode::Mode;
 use crate::otel::spans::{self, HoldEnd, WaitEnd};
 use crate::otel::xray::TraceParent;
@@ -307,7 +308,9 @@ impl Proxy {
         if let Some(call) = crate::lock_api::route(req.method(), req.uri().path()) {
             return Ok(match call {
                 Ok(call) => {
-                    crate::lock_api::serve(self.api_token(), &self.invocations, call, req).await
+                    let caller = self.caller(conn.as_ref(), &call).await;
+                    crate::lock_api::serve(self.api_token(), &self.invocations, caller, call, req)
+                        .await
                 }
                 Err(refusal) => crate::lock_api::refused(refusal),
             });
@@ -518,7 +521,7 @@ impl Proxy {
                 .into());
             };
             let (rparts, body) = resp.into_parts();
-            let slot = self.invocations.slot(&id);
+            let slot = self.invocations.delivery(&id);
             slot.mark_seen();
             let span = tracing::info_span!(
                 "invocation",
@@ -615,6 +618,19 @@ impl Proxy {
             ));
             return Ok(Response::from_parts(rparts, full(event)));
         }
+    }
+
+    /// Who makes a lock API call on `conn`: on Managed Instances, where several invocations are
+    /// in flight, the runtime process on the other end (found once per connection); elsewhere
+    /// one invocation runs at a time and the call is not bound to a process.
+    async fn caller(&self, conn: Option<&Conn>, call: &crate::lock_api::Call) -> Caller {
+        if self.processes.mode() != Mode::ManagedInstances {
+            return Caller::Unbound;
+        }
+        let Some(conn) = conn else {
+            return Caller::Process(None);
+        };
+        Caller::Process(self.processes.of_connection(conn, call.request_id()).await)
     }
 
     /// An event is about to go to the runtime process on `conn` (Managed Instances): note which

@@ -73,8 +73,15 @@ async fn records_are_held_per_invocation_and_released_when_it_ends() {
         (StatusCode::CONFLICT, Some("busy")),
         "{busy}"
     );
-    assert_eq!(busy["holders"][0]["requestId"], a.as_str(), "{busy}");
     assert_eq!(busy["holders"][0]["ticket"], token, "{busy}");
+    assert!(busy["holders"][0]["host"].is_string(), "{busy}");
+    // Never the holder's request id (on Managed Instances its name to the lock API), nor its
+    // owner id.
+    let text = busy.to_string();
+    assert!(
+        !text.contains(a.as_str()) && busy["holders"][0].get("owner").is_none(),
+        "{busy}"
+    );
     // It cannot act for the other environment's invocation.
     let (status, refused) = lock_api(p2, TOKEN, &a, "release", key("order-1")).await;
     assert_eq!(
@@ -296,6 +303,21 @@ async fn with_the_gate_on_the_handler_holds_its_records_beside_the_invocations_k
     assert_eq!(
         lock_api(p1, TOKEN, &a, "acquire", key("rec")).await.0,
         StatusCode::OK
+    );
+    // The gate's own key: refused at once (it used to wait for itself until the deadline, then
+    // answer busy or noDecision).
+    let (status, own) = lock_api(
+        p1,
+        TOKEN,
+        &a,
+        "acquire",
+        Some(json!({"key": "job", "waitMs": 60_000})),
+    )
+    .await;
+    assert_eq!(
+        (status, own["error"].as_str()),
+        (StatusCode::CONFLICT, Some("heldByGate")),
+        "{own}"
     );
     // Both the gate's key and the record are held while a runs.
     let b = two.invoke(json!({}));

@@ -107,6 +107,11 @@ impl Held {
         self.tick.as_ref()
     }
 
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        self.guard.key()
+    }
+
     /// What the handler is told about its lock (see [`crate::client_context`]).
     pub fn lock_context(&self) -> LockContext {
         LockContext {

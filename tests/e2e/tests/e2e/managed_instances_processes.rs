@@ -113,6 +113,50 @@ async fn a_runtime_process_that_dies_mid_invocation_releases_its_lock_at_once() 
     let _ = std::fs::remove_file(&record);
 }
 
+/// Lambda retries an asynchronous invocation with the same request id. The retry is a delivery
+/// of its own: when its runtime process dies mid-way, its lock is released at once, as a first
+/// delivery's is (before, the retry found the first delivery's finished slot, so no crash watch
+/// ran and the key stayed held and heartbeated until the deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_request_id_gets_a_crash_watch_of_its_own() {
+    let (endpoint, table) = table("e2e_mi_retry").await;
+    let record = record_file("mi-retry");
+    let platform = Platform::start(managed_instances()).await;
+    let extra = [
+        ("FLIGHTLOCK_KEY", "job-{/k}"),
+        ("FLIGHTLOCK_WAIT", "0"),
+        ("FLIGHTLOCK_LEASE", "60s"),
+    ];
+    let ext = sandbox::extension(&platform, &endpoint, &table, &extra, None).await;
+    let _a = curl_runtime(&platform, ext.proxy_port, &record, "proc-a");
+    let _b = curl_runtime(&platform, ext.proxy_port, &record, "proc-b");
+    assert!(
+        platform
+            .wait_runtimes_waiting(2, Duration::from_secs(10))
+            .await
+    );
+    let id = platform.invoke(json!({"k": "a", "seq": 1}));
+    let body = response(platform.outcome(&id, Duration::from_secs(15)).await);
+    assert_eq!(body["ok"], true, "{body}");
+    assert!(released(&endpoint, &table, "job-a", Duration::from_secs(5)).await);
+    // The retry, same request id; its runtime process crashes mid-invocation.
+    platform.redeliver(
+        &id,
+        json!({"k": "a", "seq": 2, "sleepMs": 300, "mode": "crash"}),
+    );
+    assert!(
+        ext.wait_log(EARLY_RELEASE, Duration::from_secs(15)).await,
+        "the retried delivery's lock was not released when its runtime died:\n{}",
+        ext.log()
+    );
+    assert!(
+        released(&endpoint, &table, "job-a", Duration::from_secs(5)).await,
+        "{}",
+        ext.log()
+    );
+    let _ = std::fs::remove_file(&record);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invocation_that_bypasses_the_proxy_is_reported_from_telemetry() {
     let (endpoint, table) = table("e2e_mi_unenforced").await;

@@ -492,8 +492,9 @@ async fn calls_without_the_token_for_another_invocation_or_after_the_end_are_ref
 
 /// Lambda Managed Instances on the platform double: two invocations in flight at once in one
 /// environment (two `awslambdaric` processes behind one extension), each holding a record of its
-/// own. Each sees only its own lock, the second finds the first one's entity busy and reports
-/// it, and each set is released with its own invocation. Then a process killed mid-record frees
+/// own. No other process can act for either (the lock API binds a call to the invocation's
+/// runtime process), the second finds the first one's entity busy and reports it, and each set
+/// is released with its own invocation. Then a process killed mid-record frees
 /// its lock at once, with no SHUTDOWN to help (the crash watch), and the other takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn managed_instances_keep_a_set_of_locks_per_invocation_in_flight() {
@@ -529,17 +530,26 @@ async fn managed_instances_keep_a_set_of_locks_per_invocation_in_flight() {
         assert!(Instant::now() < end, "m2 never started\n{}", ext.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Both in flight at once, each with its own set.
-    for (id, key) in [(&first, "m1"), (&second, "m2")] {
-        let (status, body) = api(ext.proxy_port, Some(SESSION_TOKEN), id, "locks", None).await;
-        assert_eq!(status, 200, "{body}");
-        let keys: Vec<&str> = body["locks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l["key"].as_str())
-            .collect();
-        assert_eq!(keys, [key], "{id}: {body}");
+    // Both in flight at once, each holding its own record. Their locks are theirs alone: this
+    // test's process runs neither invocation, so a call naming either's request id is refused
+    // (bound to the runtime process that runs the invocation), with the right token and id —
+    // the case of one invocation releasing and retaking another's key.
+    for id in [&first, &second] {
+        for (call, body) in [
+            ("locks", None),
+            ("release", Some(json!({"key": "m1"}))),
+            ("acquire", Some(json!({"key": "m1", "waitMs": 0}))),
+        ] {
+            let (status, answer) = api(ext.proxy_port, Some(SESSION_TOKEN), id, call, body).await;
+            assert_eq!(
+                (status, answer["error"].as_str()),
+                (403, Some("notYourInvocation")),
+                "{call} for {id}: {answer}"
+            );
+        }
+    }
+    for key in ["m1", "m2"] {
+        assert_eq!(sandbox::queue(&endpoint, &table, key).await, 1, "{key}");
     }
     std::fs::write(&hold2, "").unwrap();
     let answer = |o: Option<Outcome>| match o {
@@ -549,12 +559,7 @@ async fn managed_instances_keep_a_set_of_locks_per_invocation_in_flight() {
     let r2 = answer(platform.outcome(&second, Duration::from_secs(20)).await);
     assert_eq!(failed(&r2), [2], "m1 was busy for the second: {r2}");
     // The first still holds m1 after the second ended.
-    let (status, body) = api(ext.proxy_port, Some(SESSION_TOKEN), &first, "locks", None).await;
-    assert_eq!(
-        (status, &body["locks"][0]["key"]),
-        (200, &json!("m1")),
-        "{body}"
-    );
+    assert_eq!(sandbox::queue(&endpoint, &table, "m1").await, 1);
     std::fs::write(&hold1, "").unwrap();
     let r1 = answer(platform.outcome(&first, Duration::from_secs(20)).await);
     assert_eq!(failed(&r1), Vec::<u64>::new(), "{r1}");

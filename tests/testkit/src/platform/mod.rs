@@ -289,6 +289,27 @@ impl Platform {
         self.queue(payload, None, Some(trace.to_owned()))
     }
 
+    /// Queues `payload` again under the request id `id` of an invocation that has ended, as
+    /// Lambda retries an asynchronous invocation (after about 1 and 2 minutes, with the same
+    /// request id: a request id names an invocation, not a delivery). The earlier outcome is
+    /// forgotten; [`Platform::outcome`] then waits for the retry's.
+    pub fn redeliver(&self, id: &str, payload: serde_json::Value) {
+        let mut s = self.shared.lock();
+        assert!(
+            s.outcomes.remove(id).is_some() && !s.running.contains_key(id),
+            "Lambda retries an invocation only once it has ended: {id} has not"
+        );
+        s.queue.push_back(Inv {
+            id: id.to_owned(),
+            payload: Bytes::from(payload.to_string()),
+            deadline_ms: 0,
+            fault: None,
+            trace: None,
+        });
+        drop(s);
+        self.shared.touch();
+    }
+
     fn queue(
         &self,
         payload: serde_json::Value,
