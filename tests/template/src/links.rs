@@ -189,3 +189,56 @@ fn links_and_anchors_are_read_as_mdbook_and_github_do() {
     assert!(broken(&here, "#no-such-heading").is_some());
     assert!(broken(&here, "https://example.com/x").is_none());
 }
+
+/// The files a page includes (`{{#include path}}`, `{{#include path:anchor}}`), by line. mdBook
+/// resolves them from the page's folder and, when one is missing, logs an error and builds the
+/// page without it: the clients the guide shows (`clients/python`, `clients/node`) are included
+/// from outside docs/, so a moved file would leave an empty code block.
+fn include_targets(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(start) = rest.find("{{#include ") {
+            let after = &rest[start + "{{#include ".len()..];
+            let Some(end) = after.find("}}") else { break };
+            let target = after[..end].trim();
+            let path = target.split(':').next().unwrap_or(target);
+            found.push((i + 1, path.to_owned()));
+            rest = &after[end..];
+        }
+    }
+    found
+}
+
+#[test]
+fn every_included_file_exists() {
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for file in doc_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (line, target) in include_targets(&text) {
+            checked += 1;
+            if !file.parent().unwrap().join(&target).is_file() {
+                problems.push(format!(
+                    "{}:{line}: {{{{#include {target}}}}}",
+                    file.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        checked >= 5,
+        "only {checked} includes found: is the scan broken?"
+    );
+    assert!(
+        problems.is_empty(),
+        "included files that do not exist:\n{}",
+        problems.join("\n")
+    );
+    assert_eq!(
+        include_targets(
+            "a\n```python\n{{#include ../../x/_locks.py}}\n{{#include y.rs:anchor}}\n```"
+        ),
+        vec![(3, "../../x/_locks.py".to_owned()), (4, "y.rs".to_owned())]
+    );
+}
