@@ -20,11 +20,13 @@ const Refusal = Object.freeze({
   UNAUTHORIZED: "unauthorized",
   FORBIDDEN: "forbidden",
   NOT_IN_FLIGHT: "notInFlight",
+  NOT_YOUR_INVOCATION: "notYourInvocation",
   NOT_FOUND: "notFound",
   NOT_HELD: "notHeld",
   METHOD_NOT_ALLOWED: "methodNotAllowed",
   BUSY: "busy",
   ALREADY_HELD: "alreadyHeld",
+  HELD_BY_GATE: "heldByGate",
   PERMITS_MISMATCH: "permitsMismatch",
   PROTOCOL_TOO_NEW: "protocolTooNew",
   LOST: "lost",
@@ -76,11 +78,13 @@ class HeldLock {
 
 class Locks {
   // `options` overrides what Lambda's environment gives: `runtimeApi` (host:port of
-  // AWS_LAMBDA_RUNTIME_API, which the wrapper points at the extension) and `sessionToken`
-  // (AWS_SESSION_TOKEN, the header's value).
+  // AWS_LAMBDA_RUNTIME_API, which the wrapper points at the extension) and `sessionToken` (the
+  // header's value: AWS_SESSION_TOKEN, or AWS_CONTAINER_AUTHORIZATION_TOKEN in a function
+  // restored from a SnapStart snapshot, which has no session token; as the extension expects).
   constructor(context, options = {}) {
     const api = options.runtimeApi ?? process.env.AWS_LAMBDA_RUNTIME_API;
-    const token = options.sessionToken ?? process.env.AWS_SESSION_TOKEN;
+    const token =
+      options.sessionToken ?? (process.env.AWS_SESSION_TOKEN || process.env.AWS_CONTAINER_AUTHORIZATION_TOKEN);
     if (!context || typeof context.awsRequestId !== "string" || context.awsRequestId === "") {
       throw new TypeError("flightlock: new Locks(context) needs the handler's context (its awsRequestId)");
     }
@@ -91,8 +95,8 @@ class Locks {
       throw new LockApiError(
         0,
         NO_LOCK_API,
-        "AWS_SESSION_TOKEN is not set: the lock API answers only callers that send it " +
-          "(Lambda sets it; set it when emulating Lambda locally; SnapStart functions have none)",
+        "neither AWS_SESSION_TOKEN nor AWS_CONTAINER_AUTHORIZATION_TOKEN is set: the lock API " +
+          "answers only callers that send one (Lambda sets it; set it when emulating Lambda locally)",
       );
     }
     const host = api.replace(/^https?:\/\//, "").replace(/\/+$/, "");

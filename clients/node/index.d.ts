@@ -7,11 +7,13 @@ export declare const Refusal: {
   readonly UNAUTHORIZED: "unauthorized";
   readonly FORBIDDEN: "forbidden";
   readonly NOT_IN_FLIGHT: "notInFlight";
+  readonly NOT_YOUR_INVOCATION: "notYourInvocation";
   readonly NOT_FOUND: "notFound";
   readonly NOT_HELD: "notHeld";
   readonly METHOD_NOT_ALLOWED: "methodNotAllowed";
   readonly BUSY: "busy";
   readonly ALREADY_HELD: "alreadyHeld";
+  readonly HELD_BY_GATE: "heldByGate";
   readonly PERMITS_MISMATCH: "permitsMismatch";
   readonly PROTOCOL_TOO_NEW: "protocolTooNew";
   readonly LOST: "lost";
@@ -30,7 +32,6 @@ export declare const NO_LOCK_API: "noLockApi";
 /** Who holds a busy key (the `holders` of a `busy` refusal). */
 export interface Holder {
   ticket?: number;
-  requestId?: string;
   function?: string;
   host?: string;
   [more: string]: unknown;
@@ -55,7 +56,7 @@ export interface InvocationContext {
 export interface LockApiOptions {
   /** host:port (default: AWS_LAMBDA_RUNTIME_API, which the wrapper points at the extension). */
   runtimeApi?: string;
-  /** The X-Flightlock-Token header's value (default: AWS_SESSION_TOKEN). */
+  /** The X-Flightlock-Token header's value (default: AWS_SESSION_TOKEN, else AWS_CONTAINER_AUTHORIZATION_TOKEN). */
   sessionToken?: string;
 }
 
@@ -67,7 +68,10 @@ export interface HeldInfo {
   lost: boolean;
 }
 
-/** A lock this invocation holds; `release()` or `await using` frees it. */
+/**
+ * A lock this invocation holds; `release()` or `await using` frees it. `Symbol.asyncDispose` is
+ * declared by TypeScript's `esnext.disposable` lib (5.2+) or by `@types/node` 20+.
+ */
 export declare class HeldLock {
   readonly key: string;
   /** The fencing token. */

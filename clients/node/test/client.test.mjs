@@ -152,7 +152,7 @@ for (const [flavour, m] of [
       // No AWS_SESSION_TOKEN in the handler's environment.
       assert.throws(
         () => new m.Locks({ awsRequestId: "r" }, { runtimeApi: api.runtimeApi, sessionToken: "" }),
-        (e) => e.error === m.NO_LOCK_API && /AWS_SESSION_TOKEN is not set/.test(e.message),
+        (e) => e.error === m.NO_LOCK_API && /neither AWS_SESSION_TOKEN nor AWS_CONTAINER_AUTHORIZATION_TOKEN is set/.test(e.message),
       );
       assert.throws(() => new m.Locks({}, { runtimeApi: api.runtimeApi, sessionToken: "t" }), /awsRequestId/);
     });

@@ -178,7 +178,7 @@ for (const [flavour, m] of [
       const logged = t.mock.method(console, "error", () => {});
       for (const [lockApi, fix] of [
         [{ runtimeApi: "127.0.0.1:9", sessionToken: "t" }, /AWS_LAMBDA_EXEC_WRAPPER=\/opt\/flightlock-wrapper/],
-        [{ runtimeApi: api.runtimeApi, sessionToken: "" }, /AWS_SESSION_TOKEN is not set/],
+        [{ runtimeApi: api.runtimeApi, sessionToken: "" }, /neither AWS_SESSION_TOKEN nor AWS_CONTAINER_AUTHORIZATION_TOKEN/],
       ]) {
         logged.mock.resetCalls();
         const ran = [];

@@ -4,7 +4,9 @@
 // (read_body(): 4096 bytes; parse_acquire()/parse_release(): unknown fields, key 1..=1024 bytes,
 // waitMs <= 15 min, permits 1..=100), and the invocation's locks (lambda/src/records.rs: not
 // reentrant, at most 100, busy with holders, notHeld). Locks are in memory (one table of keys);
-// what DynamoDB decides is tested elsewhere against DynamoDB Local. Paths outside
+// what DynamoDB decides is tested elsewhere against DynamoDB Local. It stands for a standard
+// environment with FLIGHTLOCK_GATE=off, so the gate's own key (heldByGate) and another runtime
+// process's invocation on Managed Instances (notYourInvocation) never arise. Paths outside
 // /flightlock/v1/ answer as a Runtime API without the proxy would: a 404 that is not JSON.
 import { createServer } from "node:http";
 
@@ -139,7 +141,7 @@ export class StandIn {
     const holder = this.holders.get(key);
     if (holder !== undefined) {
       mine.delete(key);
-      return refuse(409, "busy", `${key} is held`, { holders: [{ ticket: holder.ticket, requestId: holder.requestId }] });
+      return refuse(409, "busy", `${key} is held`, { holders: [{ ticket: holder.ticket, function: "consumer", host: "standin:1" }] });
     }
     if (!this.inFlight.has(id)) return refuse(403, "notInFlight", `invocation "${id}" is not in flight in this environment`);
     const ticket = (this.tickets.get(key) ?? 0) + 1;
