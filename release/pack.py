@@ -183,8 +183,8 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
     if over:
         raise PackError("size gate: " + "; ".join(over) + " (release/pack.py LAYER_ZIP_LIMIT, FUNCTION_ZIP_LIMIT)")
     sboms = sorted(p.name for p in dist.glob("*.cdx.json"))
-    # The packaged template (release/template.py), if the release has one.
-    templates = sorted(p.name for p in dist.glob("template.yaml"))
+    # The packaged templates and the files the SAR one names (release/template.py), if any.
+    templates = sorted(p.name for p in dist.iterdir() if p.name in ("template.yaml", "sar.yaml", "LICENSE", "README.md"))
     packages = []
     for p in sorted(dist.glob("flightlock-*")):
         m = PACKAGE_NAME.fullmatch(p.name)

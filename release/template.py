@@ -23,6 +23,10 @@ parameter, condition and output against template.yaml):
   CleanupFunctionName) pick the one that exists;
 - the description names the release.
 
+Beside it, dist/sar.yaml: the same as a Serverless Application Repository application (`sar`
+below says what SAR makes differ), with LICENSE and README.md (the deploy page) that its
+metadata names.
+
 It refuses a version that is not template.yaml's Release mapping (the versioned SSM parameters
 carry that version) and a dist/ that lacks a zip the template names. scripts/release runs it
 before sealing, so manifest.json and SHA256SUMS cover the template too.
@@ -42,6 +46,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 #: The packaged template's file name in dist/ (sealed with the zips by release/pack.py).
 PACKAGED = "template.yaml"
+#: The same as a Serverless Application Repository application (see `sar`), and its readme.
+SAR = "sar.yaml"
+SAR_README = "docs/src/getting-started/deploy.md"
 EXAMPLE_CONDITION = "CreateExampleJobs"
 CLEANUP = "CleanupFunction"
 #: The packaged cleanup function per architecture: (logical id, condition).
@@ -175,6 +182,64 @@ def package(source: dict, version: str, commit: str) -> dict:
     return t
 
 
+def sar(packaged: dict, version: str) -> dict:
+    """The packaged template as a Serverless Application Repository application (`sam publish`).
+
+    SAR accepts no transform but AWS::Serverless-2016-10-31 (its CreateApplication refuses the
+    list with AWS::LanguageExtensions: aws/aws-sam-cli#7231), and without that transform no
+    `DeletionPolicy` can come from a parameter. So the table and its parameters are always
+    kept (Retain, with deletion protection): TableDeletionPolicy=Delete is for throw-away
+    stacks, which SAR users do not deploy. Everything else is the packaged template.
+    """
+    t = copy.deepcopy(packaged)
+    if t["Transform"] != ["AWS::LanguageExtensions", "AWS::Serverless-2016-10-31"]:
+        raise TemplateError(f"the packaged template's Transform is {t['Transform']}")
+    t["Transform"] = "AWS::Serverless-2016-10-31"
+    for name, r in t["Resources"].items():
+        for policy in ("DeletionPolicy", "UpdateReplacePolicy"):
+            if r.get(policy) == {"Ref": "TableDeletionPolicy"}:
+                r[policy] = "Retain"
+            elif isinstance(r.get(policy), dict):
+                raise TemplateError(f"{name}: {policy} {r[policy]} needs AWS::LanguageExtensions")
+    t = _fold_condition(t, "RetainTable", True)
+    del t["Parameters"]["TableDeletionPolicy"]
+    if "TableDeletionPolicy" in references(t):
+        raise TemplateError("the SAR template still refers to TableDeletionPolicy")
+    t["Metadata"] = {"AWS::ServerlessRepo::Application": {
+        "Name": "flightlock",
+        "Description": ("flightlock: single-flight Lambda functions through a FIFO, fenced DynamoDB "
+                        "lock. The extension layer (x86_64, arm64), the lock table, the cleanup "
+                        "function, SSM parameters, the lock-user policy and alarms."),
+        "Author": "flightlock-developers",
+        "SpdxLicenseId": "Apache-2.0",
+        "LicenseUrl": "LICENSE",
+        "ReadmeUrl": "README.md",
+        "Labels": ["lambda", "layer", "extension", "dynamodb", "lock", "single-flight"],
+        "HomePageUrl": "https://github.com/flightlock/flightlock",
+        "SemanticVersion": version,
+        "SourceCodeUrl": f"https://github.com/flightlock/flightlock/tree/v{version}",
+    }}
+    t["Description"] = t["Description"].replace("the release's packaged template", "the SAR application")
+    return t
+
+
+def _fold_condition(t: dict, name: str, value: bool) -> dict:
+    """`t` with condition `name` taken as `value` in every Fn::If, and the condition removed."""
+    def fold(node: Any) -> Any:
+        if isinstance(node, dict):
+            if list(node) == ["Fn::If"] and node["Fn::If"][0] == name:
+                return fold(node["Fn::If"][1 if value else 2])
+            if node.get("Condition") == name and "Type" in node:
+                raise TemplateError(f"a resource with condition {name}")
+            return {k: fold(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fold(v) for v in node]
+        return node
+    t = fold(t)
+    del t["Conditions"][name]
+    return t
+
+
 def _pick_cleanup(node: Any) -> Any:
     """`node` with each reference to the cleanup function made the one that exists."""
     if isinstance(node, dict):
@@ -211,10 +276,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, KeyError, ValueError, yaml.YAMLError, TemplateError) as e:
         print(f"template: error: {e}", file=sys.stderr)
         return 1
-    out = args.dist / PACKAGED
-    out.write_text(f"# flightlock {args.version}: generated from template.yaml by release/template.py; "
-                   "do not edit.\n" + dump(t))
-    print(f"template: wrote {out}", file=sys.stderr)
+    header = f"# flightlock {args.version}: generated from template.yaml by release/template.py; do not edit.\n"
+    try:
+        app = sar(t, args.version)
+    except TemplateError as e:
+        print(f"template: error: {e}", file=sys.stderr)
+        return 1
+    (args.dist / PACKAGED).write_text(header + dump(t))
+    # The SAR application and the two files its metadata names (`sam package` uploads them).
+    (args.dist / SAR).write_text(header + dump(app))
+    (args.dist / "LICENSE").write_bytes((ROOT / "LICENSE").read_bytes())
+    (args.dist / "README.md").write_bytes((ROOT / SAR_README).read_bytes())
+    print(f"template: wrote {args.dist / PACKAGED} and {args.dist / SAR}", file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -104,7 +105,7 @@ def test_parameters_conditions_mappings_globals_and_outputs_are_kept(source, pac
 def test_it_is_sealed_with_the_zips(packaged):
     _, dist = packaged
     manifest = pack.seal(dist, crate_version(), COMMIT)
-    assert [t["file"] for t in manifest["templates"]] == [template.PACKAGED]
+    assert template.PACKAGED in [t["file"] for t in manifest["templates"]]
     assert template.PACKAGED in (dist / "SHA256SUMS").read_text()
     (dist / template.PACKAGED).write_text((dist / template.PACKAGED).read_text() + "# edited\n")
     with pytest.raises(pack.PackError, match="template.yaml: sha256"):
@@ -132,4 +133,56 @@ def test_cfn_lint_accepts_it(packaged):
     lint = bin_dir / "cfn-lint"
     assert lint.is_file(), f"{lint} not found: run scripts/python-tools (it installs cfn-lint)"
     out = subprocess.run([str(lint), str(dist / template.PACKAGED)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_sar_application_is_the_packaged_template_with_the_table_kept(packaged):
+    out, dist = packaged
+    app = template.load(dist / template.SAR)
+    # SAR accepts the Serverless transform alone, so nothing can come from TableDeletionPolicy.
+    assert app["Transform"] == "AWS::Serverless-2016-10-31"
+    assert "TableDeletionPolicy" not in app["Parameters"] and "RetainTable" not in app["Conditions"]
+    assert set(app["Parameters"]) == set(out["Parameters"]) - {"TableDeletionPolicy"}
+    assert set(app["Resources"]) == set(out["Resources"])
+    kept = {n for n, r in out["Resources"].items() if r.get("DeletionPolicy") == {"Ref": "TableDeletionPolicy"}}
+    assert kept == {"LockTable", "LockTableNameParameter", "LockTableStackParameter"}, kept
+    for name, r in out["Resources"].items():
+        want = copy.deepcopy(r)
+        if name in kept:
+            want["DeletionPolicy"] = want["UpdateReplacePolicy"] = "Retain"
+        if name == "LockTable":
+            assert want["Properties"]["DeletionProtectionEnabled"] == {"Fn::If": ["RetainTable", True, False]}
+            want["Properties"]["DeletionProtectionEnabled"] = True
+        assert app["Resources"][name] == want, name
+    assert app["Outputs"] == out["Outputs"]
+
+
+def test_sam_publish_would_accept_the_sar_metadata(packaged):
+    from serverlessrepo import parser, publish as sar_publish
+
+    _, dist = packaged
+    text = (dist / template.SAR).read_text()
+    meta = parser.get_app_metadata(parser.parse_template(text))
+    create = sar_publish._create_application_request(meta, text)
+    version = sar_publish._create_application_version_request(
+        meta, "arn:aws:serverlessrepo:us-east-1:123456789012:applications/flightlock", text)
+    assert version["SemanticVersion"] == create["SemanticVersion"] == crate_version()
+    assert create["SourceCodeUrl"].endswith(f"/tree/v{crate_version()}")
+    # The Serverless Application Repository API's rules for these fields (CreateApplication).
+    assert re.fullmatch(r"[a-zA-Z0-9\-]{1,140}", create["Name"])
+    assert 1 <= len(create["Description"]) <= 256
+    assert len(create["Labels"]) <= 10
+    assert all(re.fullmatch(r"[a-zA-Z0-9+\-_:/@]{1,127}", label) for label in create["Labels"])
+    assert create["SpdxLicenseId"] == tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["license"]
+    # `sam package` uploads these files from the release's directory.
+    for key in ("LicenseUrl", "ReadmeUrl"):
+        assert (dist / create[key]).is_file(), create[key]
+    manifest = pack.seal(dist, crate_version(), COMMIT)
+    assert {t["file"] for t in manifest["templates"]} == {"template.yaml", "sar.yaml", "LICENSE", "README.md"}
+
+
+def test_cfn_lint_accepts_the_sar_application(packaged):
+    _, dist = packaged
+    lint = Path(os.environ.get("FLIGHTLOCK_PY_BIN", ROOT / ".tools/py-venv/bin")) / "cfn-lint"
+    out = subprocess.run([str(lint), str(dist / template.SAR)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -41,6 +41,8 @@ class StandIn:
     """The state behind the server: the session token (None: the extension has none), the
     invocations in flight, who holds which key, and each key's last token."""
 
+    # What callers must send: the extension's AWS_SESSION_TOKEN, else (SnapStart)
+    # AWS_CONTAINER_AUTHORIZATION_TOKEN (extension/src/config.rs api_token).
     session_token: str | None = "session-token"
     default_wait_ms: int = 0
     in_flight: set[str] = field(default_factory=set)

@@ -130,7 +130,7 @@ def test_the_session_token_is_sent_and_checked(api: Api, context: Context) -> No
     [
         ("AWS_LAMBDA_RUNTIME_API", "attach the flightlock layer"),
         ("_FLIGHTLOCK_RUNTIME_PID", "AWS_LAMBDA_EXEC_WRAPPER=/opt/flightlock-wrapper"),
-        ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN is not set"),
+        ("AWS_SESSION_TOKEN", "neither AWS_SESSION_TOKEN nor AWS_CONTAINER_AUTHORIZATION_TOKEN"),
     ],
 )
 def test_no_lock_api_names_the_fix(api: Api, context: Context, drop: str, fix: str) -> None:
@@ -191,3 +191,11 @@ def test_the_wrapper_marks_the_runtime_it_starts() -> None:
     # The client knows the runtime talks to the proxy by the variable the wrapper exports.
     wrapper = Path(os.environ["FLIGHTLOCK_LAYER_WRAPPER"]).read_text()
     assert re.search(rf"^export .*\b{flightlock.WRAPPED}\b", wrapper, re.MULTILINE), wrapper
+
+
+def test_under_snapstart_the_container_token_is_sent(api: Api, context: Context) -> None:
+    state, environ = api
+    state.session_token = "container-token"  # the extension's secret under SnapStart
+    environ = {k: v for k, v in environ.items() if k != "AWS_SESSION_TOKEN"}
+    environ["AWS_CONTAINER_AUTHORIZATION_TOKEN"] = "container-token"
+    assert Locks(context, environ=environ).acquire("a") == 1

@@ -10,8 +10,9 @@
         ...
 
 Any other refusal raises LockApiError (its .error is the API's one word, its message says why);
-a lock API that is not there (no layer, no AWS_LAMBDA_EXEC_WRAPPER, no AWS_SESSION_TOKEN)
-raises LockApiUnavailable, whose message names the fix.
+a lock API that is not there (no layer, no AWS_LAMBDA_EXEC_WRAPPER, neither AWS_SESSION_TOKEN
+nor, under SnapStart, AWS_CONTAINER_AUTHORIZATION_TOKEN) raises LockApiUnavailable, whose message
+names the fix.
 """
 
 from __future__ import annotations
@@ -151,13 +152,16 @@ class Locks:
                 f"{env.get('AWS_LAMBDA_EXEC_WRAPPER')!r}), so it talks to Lambda, not to the "
                 f"flightlock proxy: {fix}",
             )
-        token = env.get("AWS_SESSION_TOKEN")
+        # The extension's secret: AWS_SESSION_TOKEN, or in a function restored from a SnapStart
+        # snapshot (no session token there) the container credentials' token.
+        token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_CONTAINER_AUTHORIZATION_TOKEN")
         if not token:
             raise LockApiUnavailable(
                 None,
                 NOT_CONFIGURED,
-                "AWS_SESSION_TOKEN is not set, and every call must carry it (Lambda sets it; "
-                "set it when emulating Lambda locally, for the extension and the handler alike)",
+                "neither AWS_SESSION_TOKEN nor AWS_CONTAINER_AUTHORIZATION_TOKEN is set, and every "
+                "call must carry one (Lambda sets one; set AWS_SESSION_TOKEN when emulating Lambda "
+                "locally, for the extension and the handler alike)",
             )
         if "://" not in api:
             api = "http://" + api  # Lambda hands it over as host:port
