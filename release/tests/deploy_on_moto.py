@@ -28,12 +28,9 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import boto3
@@ -45,6 +42,7 @@ sys.path[:0] = [str(ROOT / "release"), str(ROOT / "release/tests"), str(ROOT / "
 import pack  # noqa: E402
 import template  # noqa: E402
 from fakes import fake_release  # noqa: E402
+from with_moto import aws_environment, start_moto  # noqa: E402
 
 REGION = "us-east-1"
 BUCKET = "flightlock-release-deploy"
@@ -58,30 +56,6 @@ def check(cond: bool, what: str) -> None:
     if not cond:
         raise AssertionError(what)
     print(f"deploy-on-moto: ok: {what}", flush=True)
-
-
-def start_moto(scratch: Path) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, FLIGHTLOCK_DDB_BACKEND="moto")
-    cmd = subprocess.run([str(ROOT / "scripts/dynamodb-local"), "install"], env=env, check=True,
-                         capture_output=True, text=True).stdout.split()
-    python = cmd[0]  # moto's venv
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(scratch / "moto.log", "w")
-    proc = subprocess.Popen([python, str(ROOT / "release/tests/moto_cloudformation.py"), "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=2)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto did not start: {(scratch / 'moto.log').read_text()}")
-            time.sleep(0.2)
 
 
 def release(scratch: Path, version: str, salt: bytes) -> Path:
@@ -145,10 +119,9 @@ def main() -> int:
 
 
 def run(scratch: Path, url: str) -> int:
-    os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                      AWS_DEFAULT_REGION=REGION, AWS_EC2_METADATA_DISABLED="true")
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        os.environ.pop(var, None)
+    env = aws_environment(url)
+    os.environ.clear()
+    os.environ.update(env)
     import rollout_on_moto as rollout  # after AWS_ENDPOINT_URL: its clients are made per call
 
     cfn, s3, ssm, lam, ddb = (boto3.client(s, region_name=REGION)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """tests/template/rollout_on_moto.py — the upgrade guide's two-version rollout, on moto's server.
 
-Run by scripts/check-upgrade (which starts moto_server on 127.0.0.1 and sets AWS_ENDPOINT_URL),
-with the SAM CLI's venv (samtranslator, boto3). Steps:
+Run by scripts/check-upgrade through release/tests/with_moto.py (moto's server on 127.0.0.1 with
+the CloudFormation corrections of release/tests/moto_cloudformation.py, AWS_ENDPOINT_URL set), with
+the SAM CLI's venv (samtranslator, boto3). Steps:
 
  1. template.yaml, transformed here as CloudFormation would (AWS::LanguageExtensions' one use, the
     DeletionPolicy, resolved; then the SAM transform, with samtranslator), with fake artifacts in
