@@ -54,9 +54,24 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
             "holding": holding,
             "waiting": waiting,
             "queue": state.queue,
+            "counterBehind": state.counter_behind,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(row) = state.counter_behind {
+        // Set back by a restore or a hand edit: until it is raised, a warm participant's fast
+        // path may be granted a ticket below a live holder's.
+        eprintln!(
+            "WARNING: {}: the counter's last ticket is below a queued row's ({row}): it was set \
+             back (a table restore, or an old counter item put by hand). Raise it before anyone \
+             uses the key: aws dynamodb update-item --table-name {} --key \
+             '{{\"pk\":{{\"S\":{:?}}},\"sk\":{{\"S\":\"counter\"}}}}' --update-expression \
+             'SET #l = :l' --expression-attribute-names '{{\"#l\":\"last\"}}' \
+             --expression-attribute-values '{{\":l\":{{\"N\":\"{row}\"}}}}' \
+             (lock/PROTOCOL.md, \"What remains assumed\")",
+            args.key, args.conn.table, args.key
+        );
     }
     if state.protocol != flightlock::PROTOCOL {
         println!("{}: protocol {}", args.key, state.protocol);

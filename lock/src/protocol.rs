@@ -150,26 +150,50 @@ pub(crate) const NAME: &str = "#proto";
 /// The placeholder of [`PROTOCOL`] in [`CONDITION`].
 pub(crate) const VALUE: &str = ":speaks";
 
-/// The protocol a counter item says its key runs: its `protocol` attribute, 1 when absent. A
-/// value that is not a whole number is read as newer than anything (fail closed).
-pub(crate) fn of(item: &Item) -> u32 {
+/// The protocol a counter item (or a row) says its key runs: its `protocol` attribute, 1 when
+/// absent. Anything but a whole number from 1 is malformed (`Err` says why): the one judgement
+/// of the attribute, which every read and every refused write's `ALL_OLD` item goes through
+/// ([`check`]), so `-1` or `0.5` is not "a newer protocol" on one path and "protocol 1" on
+/// another.
+pub(crate) fn of(item: &Item) -> Result<u32, String> {
     match item.get(PROTOCOL_ATTR) {
-        None => 1,
-        Some(AttributeValue::N(v)) => v.parse().unwrap_or(u32::MAX),
-        Some(_) => u32::MAX,
+        None => Ok(1),
+        Some(AttributeValue::N(v)) => match v.parse::<u32>() {
+            Ok(p) if p >= 1 => Ok(p),
+            _ => Err(format!(
+                "{v} is not a protocol version (a whole number from 1; absent means 1)"
+            )),
+        },
+        Some(other) => Err(format!(
+            "{other:?} is not a protocol version (a number, N, from 1; absent means 1)"
+        )),
     }
 }
 
-/// [`Error::ProtocolTooNew`] if the counter item `counter` (as read, or as it stood when a write
-/// was refused) says `key` runs a protocol newer than [`PROTOCOL`]. No counter: nothing to check.
+/// Checks what the counter item `counter` (as read, or as it stood when a write was refused)
+/// says of `key`'s protocol: [`Error::MalformedItem`] naming the value if it is not a protocol
+/// version ([`of`]), [`Error::ProtocolTooNew`] if it is newer than [`PROTOCOL`]. No counter:
+/// nothing to check.
 pub(crate) fn check(key: &str, counter: Option<&Item>) -> Result<(), Error> {
-    match counter.map(of) {
-        Some(table) if table > PROTOCOL => Err(Error::ProtocolTooNew {
+    let Some(item) = counter else {
+        return Ok(());
+    };
+    match of(item) {
+        Err(problem) => Err(Error::MalformedItem {
+            key: key.to_owned(),
+            sk: match item.get("sk") {
+                Some(AttributeValue::S(sk)) => sk.clone(),
+                _ => "?".to_owned(),
+            },
+            field: PROTOCOL_ATTR.to_owned(),
+            problem,
+        }),
+        Ok(table) if table > PROTOCOL => Err(Error::ProtocolTooNew {
             key: key.to_owned(),
             table,
             speaks: PROTOCOL,
         }),
-        _ => Ok(()),
+        Ok(_) => Ok(()),
     }
 }
 
@@ -201,7 +225,7 @@ mod tests {
 
     #[test]
     fn an_absent_protocol_is_one_and_speakable() {
-        assert_eq!(of(&counter(None)), 1);
+        assert_eq!(of(&counter(None)), Ok(1));
         assert!(check("k", Some(&counter(None))).is_ok());
         assert!(check("k", None).is_ok());
     }
@@ -227,8 +251,26 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_protocol_fails_closed() {
-        let item = counter(Some(AttributeValue::S("2".into())));
-        assert!(check("k", Some(&item)).is_err());
+    fn a_value_that_is_no_protocol_version_is_malformed_naming_it() {
+        for (value, shown) in [
+            (AttributeValue::N("-1".into()), "-1"),
+            (AttributeValue::N("0.5".into()), "0.5"),
+            (AttributeValue::N("0".into()), "0"),
+            (AttributeValue::N("4294967296".into()), "4294967296"),
+            (AttributeValue::S("2".into()), "S(\"2\")"),
+        ] {
+            match check("k", Some(&counter(Some(value)))) {
+                Err(Error::MalformedItem { field, problem, .. }) => {
+                    assert_eq!(field, PROTOCOL_ATTR);
+                    assert!(problem.contains(shown), "{problem}");
+                }
+                other => panic!("{shown}: expected MalformedItem, got {other:?}"),
+            }
+        }
+        // A whole number above what this build speaks is a newer protocol, not malformed.
+        assert!(matches!(
+            check("k", Some(&counter(Some(AttributeValue::N("7".into()))))),
+            Err(Error::ProtocolTooNew { table: 7, .. })
+        ));
     }
 }

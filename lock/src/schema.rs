@@ -549,7 +549,8 @@ impl Counter {
     /// [`crate::protocol`]).
     pub fn from_item(key: &str, item: &HashMap<String, AttributeValue>) -> Result<Counter, Error> {
         crate::protocol::check(key, Some(item))?;
-        let protocol = crate::protocol::of(item);
+        let protocol =
+            crate::protocol::of(item).map_err(|p| malformed(key, item, PROTOCOL_ATTR, p))?;
         let permits = if protocol >= 2 {
             match get_num::<u32>(key, item, PERMITS_ATTR)? {
                 Some(p) if (2..=crate::protocol::MAX_PERMITS).contains(&p) => p,

@@ -27,6 +27,12 @@ pub struct KeyState {
     pub highest_ticket: u64,
     /// The seated holder's ticket, if the counter's seat is taken.
     pub seat: Option<u64>,
+    /// Set when a row carries a higher ticket than the counter's `last`: the counter was set
+    /// back (a table restore, an operator's put of an old counter item). No participant moves
+    /// it back, and while it is behind a warm participant's fast path can be granted a ticket
+    /// below a live holder's (`lock/PROTOCOL.md`, "What remains assumed"). The value is the
+    /// highest row ticket: raise `last` to it (or delete every row of the key first).
+    pub counter_behind: Option<u64>,
 }
 
 impl KeyState {
@@ -44,7 +50,14 @@ impl KeyState {
             ClockSkew::Bounded(d) => d,
             ClockSkew::Unbounded => Duration::ZERO,
         };
+        let highest_row = snap.rows.iter().map(|r| r.ticket).max();
+        let counter_behind = snap
+            .counter
+            .as_ref()
+            .zip(highest_row)
+            .and_then(|(c, row)| (row > c.last).then_some(row));
         KeyState {
+            counter_behind,
             protocol: snap.protocol,
             permits: snap.counter.as_ref().map_or(1, |c| c.permits),
             has_counter: snap.counter.is_some(),
@@ -173,5 +186,33 @@ mod tests {
             ]
         );
         assert_eq!(entries[0].lease_left_ms, -1_500);
+    }
+
+    #[test]
+    fn a_counter_behind_its_queue_is_reported() {
+        let counter = |last| crate::schema::Counter {
+            last,
+            owner: None,
+            tick_done: None,
+            tick_newest: None,
+            protocol: 1,
+            permits: 1,
+        };
+        let state = |last, rows: Vec<QueueRow>| {
+            KeyState::new(
+                Snapshot {
+                    counter: Some(counter(last)),
+                    rows,
+                    protocol: 1,
+                },
+                2_000,
+                ClockSkew::Bounded(Duration::ZERO),
+            )
+        };
+        // Restored to last = 1 while ticket 3 holds.
+        assert_eq!(state(1, vec![row(3, 5_000)]).counter_behind, Some(3));
+        assert_eq!(state(3, vec![row(3, 5_000)]).counter_behind, None);
+        assert_eq!(state(5, vec![row(3, 5_000)]).counter_behind, None);
+        assert_eq!(state(1, vec![]).counter_behind, None);
     }
 }

@@ -72,3 +72,58 @@ async fn status_reports_the_protocol() {
     assert_eq!(json["protocol"], NEWER);
     assert_eq!(json["queue"], serde_json::Value::Null);
 }
+
+/// A counter set back below a queued row (a table restore, an old counter item put back by
+/// hand) is reported by `status` with the command that raises it; `--json` says `counterBehind`.
+#[tokio::test]
+async fn status_reports_a_counter_set_back_below_its_queue() {
+    let env = Env::new("protobehind").await;
+    env.put(vec![
+        seed::counter("job", 1),
+        seed::row("job", 3, "holder-3", "r3", now_ms() + 600_000),
+    ])
+    .await;
+    let mut c = cli(&env);
+    c.args(["status", "--key", "job"]);
+    let out = output(c).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("WARNING") && stderr.contains("update-item") && stderr.contains("\"3\""),
+        "{stderr}"
+    );
+    let mut c = cli(&env);
+    c.args(["status", "--key", "job", "--json"]);
+    let out = output(c).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["counterBehind"], 3, "{json}");
+}
+
+/// A `protocol` that is no version (written by hand) is malformed on every read, naming the
+/// attribute and the value: not "a newer protocol, upgrade" (issue 42).
+#[tokio::test]
+async fn a_protocol_that_is_no_version_is_named_as_malformed() {
+    let env = Env::new("protomalformed").await;
+    for (key, value) in [("neg", "-1"), ("half", "0.5")] {
+        let mut counter = seed::counter(key, 4);
+        counter.insert(
+            "protocol".into(),
+            aws_sdk_dynamodb::types::AttributeValue::N(value.into()),
+        );
+        env.put(vec![counter]).await;
+        let err = env.locker().await.acquire(key, &fast()).await.unwrap_err();
+        assert!(
+            matches!(&err, flightlock::Error::MalformedItem { field, .. } if field == "protocol"),
+            "{err}"
+        );
+        assert!(err.to_string().contains(value), "{err}");
+        let mut c = cli(&env);
+        c.args(["status", "--key", key]);
+        let out = output(c).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{stderr}");
+        assert!(
+            stderr.contains("protocol") && stderr.contains(value) && !stderr.contains("Upgrade"),
+            "{stderr}"
+        );
+    }
+}
