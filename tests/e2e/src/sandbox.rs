@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::platform::Platform;
+use crate::platform::{Mode, Platform};
 use crate::{repo_root, workspace_bin};
 
 /// The extension process.
@@ -61,6 +61,26 @@ impl Drop for Extension {
 /// extensions alike; callers of the lock API send it).
 pub const SESSION_TOKEN: &str = "e2e-double-session-token";
 
+/// The credentials' variables Lambda gives the environment's processes: `AWS_SESSION_TOKEN`
+/// ([`SESSION_TOKEN`]), except in a function restored from a SnapStart snapshot, which gets the
+/// container credentials endpoint and its token instead (the token's value is then
+/// [`SESSION_TOKEN`] too).
+pub fn credentials(platform: &Platform) -> Vec<(&'static str, String)> {
+    match platform.mode() {
+        Mode::SnapStart => vec![
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                format!("http://{}/credentials", platform.addr()),
+            ),
+            (
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+                SESSION_TOKEN.to_owned(),
+            ),
+        ],
+        _ => vec![("AWS_SESSION_TOKEN", SESSION_TOKEN.to_owned())],
+    }
+}
+
 /// Env var naming another extension binary to run instead of the workspace's (to show what an
 /// older build does on the double, e.g. one that registers INVOKE on Managed Instances).
 pub const EXTENSION_BIN_ENV: &str = "FLIGHTLOCK_E2E_EXTENSION";
@@ -106,7 +126,7 @@ pub async fn extension(
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("FLIGHTLOCK_TABLE", table)
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
-        .env("AWS_SESSION_TOKEN", SESSION_TOKEN)
+        .envs(credentials(platform))
         .envs(extra.iter().copied())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
@@ -219,7 +239,7 @@ fn wrapped(
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(platform.lambda_env())
-        .env("AWS_SESSION_TOKEN", SESSION_TOKEN)
+        .envs(credentials(platform))
         .env("FLIGHTLOCK_PROXY_PORT", proxy_port.to_string())
         .env("DEMO_RECORD_FILE", record)
         .env("DEMO_ENV_NAME", name)

@@ -169,6 +169,34 @@ async fn snapstart_restore_and_tenant_header_pass_through_the_proxy() {
     let resp = client.request(get("invocation/next")).await.unwrap();
     assert_eq!(resp.headers()["lambda-runtime-aws-request-id"], id.as_str());
     assert_eq!(resp.headers()["lambda-runtime-aws-tenant-id"], "tenant-7");
+    // Restored from a snapshot, the function has no AWS_SESSION_TOKEN: the lock API's secret is
+    // AWS_CONTAINER_AUTHORIZATION_TOKEN, which its handler sends (the clients do).
+    let lock = |token: Option<&str>| {
+        let mut req = http::Request::post(format!(
+            "http://127.0.0.1:{port}/flightlock/v1/invocations/{id}/acquire"
+        ));
+        if let Some(t) = token {
+            req = req.header("x-flightlock-token", t);
+        }
+        req.body(Full::new(bytes::Bytes::from_static(
+            br#"{"key":"rec","waitMs":0}"#,
+        )))
+        .unwrap()
+    };
+    let container_token = sandbox::credentials(&platform)
+        .into_iter()
+        .find(|(k, _)| *k == "AWS_CONTAINER_AUTHORIZATION_TOKEN")
+        .map(|(_, v)| v)
+        .expect("SnapStart gives the container token");
+    assert!(
+        !sandbox::credentials(&platform)
+            .iter()
+            .any(|(k, _)| *k == "AWS_SESSION_TOKEN"),
+        "a restored function has no session token"
+    );
+    assert_eq!(client.request(lock(None)).await.unwrap().status(), 401);
+    let resp = client.request(lock(Some(&container_token))).await.unwrap();
+    assert_eq!(resp.status(), 200, "{}", ext.log());
     let req = http::Request::post(format!(
         "http://127.0.0.1:{port}/2018-06-01/runtime/invocation/{id}/response"
     ))

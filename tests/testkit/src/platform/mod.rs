@@ -248,6 +248,11 @@ impl Platform {
         self.shared.addr
     }
 
+    /// The execution mode.
+    pub fn mode(&self) -> Mode {
+        self.shared.options.mode
+    }
+
     /// The environment Lambda gives the environment's processes in this mode.
     pub fn lambda_env(&self) -> Vec<(String, String)> {
         let (init_type, concurrency) = match self.shared.options.mode {
