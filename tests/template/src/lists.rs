@@ -460,3 +460,66 @@ fn the_attach_snippets_use_the_templates_outputs() {
         "only {yaml_snippets} YAML snippets found"
     );
 }
+
+/// The `AWS::CloudWatch::Alarm` resources of the template.
+fn template_alarms() -> BTreeSet<String> {
+    template()["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::CloudWatch::Alarm"))
+        .map(|(name, _)| name.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_alarm_table_is_the_templates() {
+    let doc = read("docs/src/operations/alarms.md");
+    let documented = set(table(&doc.lines().collect::<Vec<_>>()).keys());
+    let alarms = template_alarms();
+    assert!(alarms.contains("RecordLockLostAlarm"), "{alarms:?}");
+    assert_eq!(documented, alarms);
+}
+
+#[test]
+fn the_dashboard_page_names_every_metric_the_dashboard_reads() {
+    let t = template();
+    let body =
+        crate::dashboard::dashboard_body(&t["Resources"]["FlightlockDashboard"]["Properties"])
+            .unwrap();
+    let widgets: BTreeSet<String> = crate::dashboard::dashboard_metrics(&body)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    // Every metric the code emits: the lock's and the sweeper's.
+    let mut metrics = gate_metrics();
+    let emf = flightlock_cleanup::metrics::emf("t", &flightlock::SweepSummary::default(), 0);
+    metrics.extend(
+        emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["Name"].as_str().unwrap().to_owned()),
+    );
+    // The metric column of the widget table: every backticked metric name in it.
+    let doc = read("docs/src/operations/dashboard.md");
+    let named: BTreeSet<String> = doc
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| widget"))
+        .filter_map(|l| l.split('|').nth(2))
+        .flat_map(|cell| {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|w| metrics.contains(w))
+        .collect();
+    assert!(widgets.contains("RecordLockBusy"), "{widgets:?}");
+    assert_eq!(
+        named, widgets,
+        "the metrics the dashboard page names, and the ones its widgets read"
+    );
+}
