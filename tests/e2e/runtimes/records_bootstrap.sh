@@ -5,7 +5,14 @@
 #   {"key": K, "seq": N, "sleepMs": MS}   lock K with wait 0; if locked, work MS ms, record the
 #                                         interval, release; answer {"locked":true,"token":T} or
 #                                         {"locked":false,"status":1 (busy) or 2 (refused)}
+# With RECORDS_HANDLER_HTTP_PROXY set, the handler's environment gets it as http_proxy and
+# HTTP_PROXY (records.rs points it at a port nothing answers, to show the guide's client never
+# sends the token through a proxy); the runtime's own calls bypass it too. Only this process gets
+# it: the extension's DynamoDB client would follow it.
 set -euo pipefail
+if [ -n "${RECORDS_HANDLER_HTTP_PROXY:-}" ]; then
+    export http_proxy="${RECORDS_HANDLER_HTTP_PROXY}" HTTP_PROXY="${RECORDS_HANDLER_HTTP_PROXY}"
+fi
 cd "$(dirname "$0")"
 # shellcheck source=/dev/null
 . ./flightlock_locks.sh
@@ -18,7 +25,7 @@ field() { # name event -> the number after "name": (or empty)
 
 while true; do
     headers="$(mktemp)"
-    event="$(curl -sS -D "${headers}" "${api}/invocation/next")"
+    event="$(curl -sS --noproxy "*" -D "${headers}" "${api}/invocation/next")"
     REQUEST_ID="$(grep -i '^Lambda-Runtime-Aws-Request-Id:' "${headers}" | tr -d '[:space:]' | cut -d: -f2)"
     rm -f "${headers}"
     key="$(printf '%s' "${event}" | grep -oE '"key" *: *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/' || true)"
@@ -39,5 +46,5 @@ while true; do
     else
         answer="{\"locked\":false,\"status\":${status}}"
     fi
-    curl -sS -o /dev/null -X POST "${api}/invocation/${REQUEST_ID}/response" -d "${answer}"
+    curl -sS --noproxy "*" -o /dev/null -X POST "${api}/invocation/${REQUEST_ID}/response" -d "${answer}"
 done

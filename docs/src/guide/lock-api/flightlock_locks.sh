@@ -11,9 +11,12 @@
 
 _lock_call() { # call body -> $_lock_status (HTTP) and $_lock_answer (JSON); 2 if curl failed
     local out
-    out=$(curl -sS -w '\n%{http_code}' -X POST \
+    # --noproxy '*': the API is on this machine, and the token must never reach an http_proxy.
+    # Under SnapStart Lambda sets AWS_CONTAINER_AUTHORIZATION_TOKEN instead of AWS_SESSION_TOKEN.
+    out=$(curl -sS --noproxy '*' -w '\n%{http_code}' -X POST \
         "http://${AWS_LAMBDA_RUNTIME_API}/flightlock/v1/invocations/${REQUEST_ID}/$1" \
-        -H "X-Flightlock-Token: ${AWS_SESSION_TOKEN}" -H 'Content-Type: application/json' \
+        -H "X-Flightlock-Token: ${AWS_SESSION_TOKEN:-${AWS_CONTAINER_AUTHORIZATION_TOKEN:-}}" \
+        -H 'Content-Type: application/json' \
         --data-binary "$2") || return 2
     _lock_status=${out##*$'\n'}
     _lock_answer=${out%$'\n'*}

@@ -618,7 +618,13 @@ async fn managed_instances_keep_a_set_of_locks_per_invocation_in_flight() {
 async fn the_shell_client_finds_a_key_busy_then_takes_it_and_tells_refusals_apart() {
     let (endpoint, table) = table("e2e_records_sh").await;
     let record = record_file("records-sh");
-    let specs = [Runtime::PythonRecords, Runtime::CurlRecords].map(|r| consumer("shell", r));
+    // The shell's environment has an http_proxy that nothing answers: its client never sends the
+    // token (or anything) through a proxy (`curl --noproxy '*'`).
+    let specs = [
+        consumer("shell", Runtime::PythonRecords),
+        consumer("shell", Runtime::CurlRecords)
+            .with("RECORDS_HANDLER_HTTP_PROXY", "http://127.0.0.1:9"),
+    ];
     let envs = start_all("shell", &specs, &endpoint, &table, &record).await;
     let (py, sh) = (&envs[0], &envs[1]);
     let r = py.invoke(sqs_event(&[])).await.json();
