@@ -870,12 +870,15 @@ impl Proxy {
         }));
         // And every lock a handler took through the lock API: its invocation never answered.
         let slots = self.invocations.all();
-        let records = futures::future::join_all(
-            slots
-                .iter()
-                .filter_map(|s| s.records())
-                .map(|records| async move { records.close().await }),
-        );
+        let records = futures::future::join_all(slots.iter().filter_map(|s| s.records()).map(
+            |records| async move {
+                let n = records.close().await;
+                // Acquisitions still under way release what they get; wait for them too
+                // (the whole is bounded by the shutdown budget below).
+                records.drain(budget).await;
+                n
+            },
+        ));
         let all = async {
             let (_, records) = futures::future::join(releases, records).await;
             let records: usize = records.into_iter().sum();

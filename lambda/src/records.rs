@@ -29,6 +29,9 @@ use crate::config::Config;
 use crate::gate::{decision_budget, release_budget};
 use crate::metrics::{Metric, Metrics};
 
+/// How often [`Records::close`] looks whether the acquisitions under way have ended.
+const PENDING_CHECK: Duration = Duration::from_millis(10);
+
 /// Locks one invocation may hold (or be acquiring) at once. A batch of 10 SQS records needs
 /// 10; a handler that locks the records of a larger batch one after another needs one.
 pub const MAX_HELD: usize = 100;
@@ -260,9 +263,13 @@ impl Records {
                     permits: options.permits,
                 };
                 if let Some(guard) = reservation.settle(guard, options.permits) {
+                    // Released while the reservation stands, so a close() under way waits for
+                    // this release too (it waits until nothing is pending).
                     self.release_quietly(guard).await;
+                    drop(reservation);
                     return Err(RecordError::Ended);
                 }
+                drop(reservation);
                 tracing::info!(key, token = acquired.token, "record lock acquired");
                 Ok(acquired)
             }
@@ -361,6 +368,23 @@ impl Records {
         n
     }
 
+    /// Waits until no acquisition of this set is under way, at most `limit`. After
+    /// [`Records::close`], an acquisition still under way releases whatever it is granted
+    /// before it ends, so at SHUTDOWN this is what keeps the extension from exiting before those
+    /// releases are sent. True if none is left.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            if self.state().pending.is_empty() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(PENDING_CHECK).await;
+        }
+    }
+
     /// Releases `guard` within the release budget, logging what happened.
     async fn release_quietly(&self, guard: LockGuard) {
         let key = guard.key().to_owned();
@@ -414,7 +438,7 @@ struct Reservation<'a> {
 impl Reservation<'_> {
     /// Keeps `guard` (taken with `permits`), or gives it back (`Some`) if the invocation ended
     /// meanwhile.
-    fn settle(self, guard: LockGuard, permits: u32) -> Option<LockGuard> {
+    fn settle(&self, guard: LockGuard, permits: u32) -> Option<LockGuard> {
         let mut state = self.records.state();
         if state.closed {
             return Some(guard);
@@ -465,6 +489,22 @@ mod tests {
         records.state().closed = true;
         drop(r);
         assert!(matches!(records.reserve("b"), Err(RecordError::Ended)));
+    }
+
+    #[tokio::test]
+    async fn drain_waits_for_the_acquisitions_under_way() {
+        let records = Arc::new(records());
+        assert!(records.drain(Duration::ZERO).await, "nothing under way");
+        let r = records.reserve("a").unwrap();
+        assert!(!records.drain(Duration::from_millis(30)).await);
+        let waiting = {
+            let records = records.clone();
+            tokio::spawn(async move { records.drain(Duration::from_secs(60)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished());
+        drop(r);
+        assert!(waiting.await.unwrap(), "drained once the acquisition ended");
     }
 
     #[test]
