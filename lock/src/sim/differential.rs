@@ -505,81 +505,94 @@ async fn compare(seeds: u64) -> Result<BTreeMap<String, u32>, String> {
     Ok(kinds)
 }
 
+/// The differential tests' bound in real time (they talk to DynamoDB Local; each takes seconds).
+const REAL_BOUND: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Runs a differential test's body for at most [`REAL_BOUND`].
+async fn bounded(body: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(REAL_BOUND, body).await.is_err() {
+        panic!("the differential test did not end within {REAL_BOUND:?}");
+    }
+}
+
 #[tokio::test]
 async fn the_model_answers_as_dynamodb_local_does() {
-    let seeds: u64 = std::env::var("FLIGHTLOCK_DIFF_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let kinds = match compare(seeds).await {
-        Ok(kinds) => kinds,
-        Err(difference) => panic!("{difference}"),
-    };
-    let compared: u32 = kinds.values().sum();
-    eprintln!("differential: {compared} requests compared; outcomes {kinds:?}");
-    // Every kind of outcome the protocol distinguishes was met.
-    for needed in [
-        "Enqueue(Done)",
-        "Enqueue(CounterAt",
-        "Enqueue(AlreadyOurs)",
-        "Enqueue(TicketTaken)",
-        "Renewal(Renewed)",
-        "Renewal(Superseded)",
-        "Renewal(Gone)",
-        "StaleDelete(Deleted)",
-        "StaleDelete(Gone)",
-        "StaleDelete(Revived)",
-        "Owned(Yes)",
-        "Owned(No)",
-        "Created(true)",
-        "Created(false)",
-        "fatal IdempotentParamete",
-        "seat Enqueue(Done)",
-        "seat Enqueue(CounterAt",
-        "seat Enqueue(AlreadyOurs)",
-        "seat Renewal(Renewed)",
-        "seat Renewal(Superseded)",
-        "seat Renewal(Gone)",
-        "seat StaleDelete(Deleted)",
-        "seat StaleDelete(Gone)",
-        "seat StaleDelete(Revived)",
-        "seat Owned(Yes)",
-        "seat Owned(No)",
-        "seat Owned(NotMarked)",
-        "Marked(true)",
-        "Marked(false)",
-        "Recorded(true)",
-        "Recorded(false)",
-        "sweep StaleDelete(Deleted)",
-        "sweep StaleDelete(Gone)",
-        "sweep StaleDelete(Revived)",
-        "seat sweep StaleDelete(Deleted)",
-        "seat sweep StaleDelete(Gone)",
-        "seat sweep StaleDelete(Revived)",
-        "Scanned items",
-        "Scanned nothing",
-        // The newer protocol's key: every write to its counter refused, its reads alike.
-        "newer fatal ProtocolTooNew",
-        "seat newer fatal ProtocolTooNew",
-        "newer page",
-        // The key of three permits (issue 26): granted to its own permits, seat and row, renewed;
-        // refused to others, and the refusal read as a mismatch naming both values.
-        "permits 3 Enqueue(Done)",
-        "seat permits 3 Enqueue(Done)",
-        "permits 2 fatal PermitsMismatch 3 2",
-        "seat permits 1 fatal PermitsMismatch 3 1",
-        // An operator's `flightlock permits --set`: written on an empty seat, refused on a taken
-        // one and on a key without a counter or on a newer protocol.
-        "set PermitsSet(Set)",
-        "set PermitsSet(SeatTaken",
-        "set PermitsSet(NoCounter)",
-        "set fatal ProtocolTooNew",
-    ] {
-        assert!(
-            kinds.keys().any(|k| k.starts_with(needed)),
-            "no {needed} among {kinds:?}"
-        );
-    }
+    bounded(async move {
+        let seeds: u64 = std::env::var("FLIGHTLOCK_DIFF_SEEDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8);
+        let kinds = match compare(seeds).await {
+            Ok(kinds) => kinds,
+            Err(difference) => panic!("{difference}"),
+        };
+        let compared: u32 = kinds.values().sum();
+        eprintln!("differential: {compared} requests compared; outcomes {kinds:?}");
+        // Every kind of outcome the protocol distinguishes was met.
+        for needed in [
+            "Enqueue(Done)",
+            "Enqueue(CounterAt",
+            "Enqueue(AlreadyOurs)",
+            "Enqueue(TicketTaken)",
+            "Renewal(Renewed)",
+            "Renewal(Superseded)",
+            "Renewal(Gone)",
+            "StaleDelete(Deleted)",
+            "StaleDelete(Gone)",
+            "StaleDelete(Revived)",
+            "Owned(Yes)",
+            "Owned(No)",
+            "Created(true)",
+            "Created(false)",
+            "fatal IdempotentParamete",
+            "seat Enqueue(Done)",
+            "seat Enqueue(CounterAt",
+            "seat Enqueue(AlreadyOurs)",
+            "seat Renewal(Renewed)",
+            "seat Renewal(Superseded)",
+            "seat Renewal(Gone)",
+            "seat StaleDelete(Deleted)",
+            "seat StaleDelete(Gone)",
+            "seat StaleDelete(Revived)",
+            "seat Owned(Yes)",
+            "seat Owned(No)",
+            "seat Owned(NotMarked)",
+            "Marked(true)",
+            "Marked(false)",
+            "Recorded(true)",
+            "Recorded(false)",
+            "sweep StaleDelete(Deleted)",
+            "sweep StaleDelete(Gone)",
+            "sweep StaleDelete(Revived)",
+            "seat sweep StaleDelete(Deleted)",
+            "seat sweep StaleDelete(Gone)",
+            "seat sweep StaleDelete(Revived)",
+            "Scanned items",
+            "Scanned nothing",
+            // The newer protocol's key: every write to its counter refused, its reads alike.
+            "newer fatal ProtocolTooNew",
+            "seat newer fatal ProtocolTooNew",
+            "newer page",
+            // The key of three permits (issue 26): granted to its own permits, seat and row, renewed;
+            // refused to others, and the refusal read as a mismatch naming both values.
+            "permits 3 Enqueue(Done)",
+            "seat permits 3 Enqueue(Done)",
+            "permits 2 fatal PermitsMismatch 3 2",
+            "seat permits 1 fatal PermitsMismatch 3 1",
+            // An operator's `flightlock permits --set`: written on an empty seat, refused on a taken
+            // one and on a key without a counter or on a newer protocol.
+            "set PermitsSet(Set)",
+            "set PermitsSet(SeatTaken",
+            "set PermitsSet(NoCounter)",
+            "set fatal ProtocolTooNew",
+        ] {
+            assert!(
+                kinds.keys().any(|k| k.starts_with(needed)),
+                "no {needed} among {kinds:?}"
+            );
+        }
+    })
+    .await;
 }
 
 /// The mutation suite's half for `storage/dynamo.rs`: each request condition broken on purpose must make
@@ -587,28 +600,33 @@ async fn the_model_answers_as_dynamodb_local_does() {
 /// simulation runs the model's conditions, so only this test can see `storage/dynamo.rs`'s.)
 #[tokio::test]
 async fn a_broken_request_condition_in_store_is_caught() {
-    use crate::mutant::{plant, Mutant};
-    for m in [
-        Mutant::StoreHeartbeatOwnerOnly,
-        Mutant::StoreVacateAnyOwner,
-        Mutant::StoreStaleDeleteUnconditional,
-        Mutant::StoreEnqueueIgnoresWatermark,
-        Mutant::StoreMarkBackwards,
-        Mutant::StoreSweepWithoutRvn,
-        Mutant::StoreSeatIgnoresProtocol,
-        Mutant::StorePermitsIgnored,
-    ] {
-        let planted = plant(Some(m));
-        let found = compare(8).await;
-        drop(planted);
-        match found {
-            Ok(_) => {
-                panic!("{m:?} survived the differential test: store.rs's conditions are unchecked")
+    bounded(async move {
+        use crate::mutant::{plant, Mutant};
+        for m in [
+            Mutant::StoreHeartbeatOwnerOnly,
+            Mutant::StoreVacateAnyOwner,
+            Mutant::StoreStaleDeleteUnconditional,
+            Mutant::StoreEnqueueIgnoresWatermark,
+            Mutant::StoreMarkBackwards,
+            Mutant::StoreSweepWithoutRvn,
+            Mutant::StoreSeatIgnoresProtocol,
+            Mutant::StorePermitsIgnored,
+        ] {
+            let planted = plant(Some(m));
+            let found = compare(8).await;
+            drop(planted);
+            match found {
+                Ok(_) => {
+                    panic!(
+                        "{m:?} survived the differential test: store.rs's conditions are unchecked"
+                    )
+                }
+                Err(difference) => eprintln!(
+                    "mutation {m:?}: caught: {}",
+                    difference.lines().next().unwrap_or("")
+                ),
             }
-            Err(difference) => eprintln!(
-                "mutation {m:?}: caught: {}",
-                difference.lines().next().unwrap_or("")
-            ),
         }
-    }
+    })
+    .await;
 }

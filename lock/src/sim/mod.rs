@@ -124,6 +124,17 @@ pub(crate) struct Report {
     pub simulated: Duration,
 }
 
+/// The bound of a scripted schedule (a test of its own on paused time), in simulated time.
+pub(crate) const SCRIPT_BOUND: Duration = Duration::from_secs(3600);
+
+/// Runs a scripted schedule's test body for at most [`SCRIPT_BOUND`] of simulated time: a
+/// locker whose wait never ends makes the test fail, not spin.
+pub(crate) async fn bounded(body: impl std::future::Future<Output = ()>) {
+    if tokio::time::timeout(SCRIPT_BOUND, body).await.is_err() {
+        panic!("the script did not end within {SCRIPT_BOUND:?} of simulated time: a wait that never ends?");
+    }
+}
+
 /// Runs one seeded schedule to the end and returns what it found.
 pub(crate) fn run(seed: u64, knobs: Knobs) -> Report {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -147,6 +158,8 @@ pub(crate) fn run(seed: u64, knobs: Knobs) -> Report {
             }
         }
     };
+    // No bound of simulated time here: a schedule covers days (TTL, clock-free grace); the
+    // model's request bound (`model::REQUEST_BOUND`) ends a participant that never finishes.
     runtime.block_on(simulate(seed, knobs))
 }
 

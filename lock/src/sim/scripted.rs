@@ -94,35 +94,38 @@ impl Backend for Shared {
 
 #[tokio::test(start_paused = true)]
 async fn a_release_of_an_old_seat_entry_never_empties_the_new_seat() {
-    let script = Arc::new(Scripted {
-        table: Mutex::new(Table::new(Instant::now(), super::scenario::EPOCH_MS)),
-        seats: Mutex::new(0),
-        first: Mutex::new(None),
-        answers: Mutex::new(Vec::new()),
-    });
-    let locker = Locker::on(Arc::new(Shared(script.clone())), "scripted");
-    let opts = LockOptions {
-        wait: Wait::Forever,
-        lease: Duration::from_secs(20),
-        ..LockOptions::default()
-    };
-    let guard = locker.acquire("k", &opts).await.expect("granted");
-    // The background release of the abandoned entry (and its second pass after the attempt
-    // timeout) has run.
-    locker.flush().await;
-    let answers = script.answers.lock().unwrap().join("\n");
-    assert!(
-        answers.contains("OursOlder"),
-        "the script no longer reaches OursOlder:\n{answers}"
-    );
-    assert_eq!(guard.token(), 2, "{answers}");
-    let items = script.table.lock().unwrap().partition("k");
-    let snap = Snapshot::from_items("k", &items).unwrap();
-    let seat = snap.rows.iter().find(|r| r.seat);
-    assert!(
-        seat.is_some_and(|s| s.ticket == 2 && s.owner == guard.owner()),
-        "the holder's seat was emptied under it:\n{answers}\nseat: {seat:?}"
-    );
-    assert!(guard.lost_reason().is_none(), "{answers}");
-    guard.release().await.unwrap();
+    super::bounded(async move {
+        let script = Arc::new(Scripted {
+            table: Mutex::new(Table::new(Instant::now(), super::scenario::EPOCH_MS)),
+            seats: Mutex::new(0),
+            first: Mutex::new(None),
+            answers: Mutex::new(Vec::new()),
+        });
+        let locker = Locker::on(Arc::new(Shared(script.clone())), "scripted");
+        let opts = LockOptions {
+            wait: Wait::Forever,
+            lease: Duration::from_secs(20),
+            ..LockOptions::default()
+        };
+        let guard = locker.acquire("k", &opts).await.expect("granted");
+        // The background release of the abandoned entry (and its second pass after the attempt
+        // timeout) has run.
+        locker.flush().await;
+        let answers = script.answers.lock().unwrap().join("\n");
+        assert!(
+            answers.contains("OursOlder"),
+            "the script no longer reaches OursOlder:\n{answers}"
+        );
+        assert_eq!(guard.token(), 2, "{answers}");
+        let items = script.table.lock().unwrap().partition("k");
+        let snap = Snapshot::from_items("k", &items).unwrap();
+        let seat = snap.rows.iter().find(|r| r.seat);
+        assert!(
+            seat.is_some_and(|s| s.ticket == 2 && s.owner == guard.owner()),
+            "the holder's seat was emptied under it:\n{answers}\nseat: {seat:?}"
+        );
+        assert!(guard.lost_reason().is_none(), "{answers}");
+        guard.release().await.unwrap();
+    })
+    .await;
 }

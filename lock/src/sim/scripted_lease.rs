@@ -243,40 +243,52 @@ async fn play(mode: Mode) -> Result<String, String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_whose_lease_ran_out_during_its_last_look_is_not_granted() {
-    if let Err(e) = play(Mode::Look).await {
-        panic!("{e}");
-    }
+    super::bounded(async move {
+        if let Err(e) = play(Mode::Look).await {
+            panic!("{e}");
+        }
+    })
+    .await;
 }
 
 /// The same script without the guard: `x` is granted beside `p`.
 #[tokio::test(start_paused = true)]
 async fn without_the_guard_the_script_gives_two_holders() {
-    let _planted = plant(Some(Mutant::GrantPastOwnLease));
-    match play(Mode::Look).await {
-        Err(e) => {
-            eprintln!("{e}");
-            assert!(e.starts_with("two holders"), "{e}");
+    super::bounded(async move {
+        let _planted = plant(Some(Mutant::GrantPastOwnLease));
+        match play(Mode::Look).await {
+            Err(e) => {
+                eprintln!("{e}");
+                assert!(e.starts_with("two holders"), "{e}");
+            }
+            Ok(answers) => panic!("the guard's removal went unseen:\n{answers}"),
         }
-        Ok(answers) => panic!("the guard's removal went unseen:\n{answers}"),
-    }
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_seat_taken_after_our_own_lease_ran_out_is_not_granted() {
-    if let Err(e) = play(Mode::Enqueue).await {
-        panic!("{e}");
-    }
+    super::bounded(async move {
+        if let Err(e) = play(Mode::Enqueue).await {
+            panic!("{e}");
+        }
+    })
+    .await;
 }
 
 /// The enqueue's script without its guard: `x` is granted the seat beside `p`.
 #[tokio::test(start_paused = true)]
 async fn without_the_enqueue_guard_the_script_gives_two_holders() {
-    let _planted = plant(Some(Mutant::EnqueuePastOwnLease));
-    match play(Mode::Enqueue).await {
-        Err(e) => {
-            eprintln!("{e}");
-            assert!(e.starts_with("two holders"), "{e}");
+    super::bounded(async move {
+        let _planted = plant(Some(Mutant::EnqueuePastOwnLease));
+        match play(Mode::Enqueue).await {
+            Err(e) => {
+                eprintln!("{e}");
+                assert!(e.starts_with("two holders"), "{e}");
+            }
+            Ok(answers) => panic!("the guard's removal went unseen:\n{answers}"),
         }
-        Ok(answers) => panic!("the guard's removal went unseen:\n{answers}"),
-    }
+    })
+    .await;
 }

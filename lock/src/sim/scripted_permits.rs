@@ -181,41 +181,47 @@ async fn hint_after(n: u32, back: Back) -> (Result<u64, Error>, Vec<(&'static st
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_hint_reads_after_a_counter_went_back() {
-    for (n, back) in [(2, Back::SetBack), (2, Back::Recreate), (3, Back::SetBack)] {
-        let (answer, holders) = hint_after(n, back).await;
-        let names: Vec<&str> = holders.iter().map(|(w, _)| *w).collect();
-        match &answer {
-            Err(Error::Busy { holders: named, .. }) => {
-                let mut tickets: Vec<u64> = named.iter().map(|h| h.ticket).collect();
-                tickets.sort_unstable();
-                let expected: Vec<u64> = (2..2 + u64::from(n)).collect();
-                assert_eq!(
-                    tickets, expected,
-                    "N = {n}, {back:?}: busy naming the holders"
-                );
+    super::bounded(async move {
+        for (n, back) in [(2, Back::SetBack), (2, Back::Recreate), (3, Back::SetBack)] {
+            let (answer, holders) = hint_after(n, back).await;
+            let names: Vec<&str> = holders.iter().map(|(w, _)| *w).collect();
+            match &answer {
+                Err(Error::Busy { holders: named, .. }) => {
+                    let mut tickets: Vec<u64> = named.iter().map(|h| h.ticket).collect();
+                    tickets.sort_unstable();
+                    let expected: Vec<u64> = (2..2 + u64::from(n)).collect();
+                    assert_eq!(
+                        tickets, expected,
+                        "N = {n}, {back:?}: busy naming the holders"
+                    );
+                }
+                other => panic!("N = {n}, {back:?}: {other:?} beside {names:?}"),
             }
-            other => panic!("N = {n}, {back:?}: {other:?} beside {names:?}"),
+            assert_eq!(holders.len(), n as usize, "N = {n}, {back:?}: {names:?}");
         }
-        assert_eq!(holders.len(), n as usize, "N = {n}, {back:?}: {names:?}");
-    }
+    })
+    .await;
 }
 
 /// The schedule reaches the defect: a refused hint that takes the counter at its word is granted
 /// beside N holders.
 #[tokio::test(start_paused = true)]
 async fn a_refused_hint_that_trusts_the_counter_gives_n_plus_one_holders() {
-    for back in [Back::SetBack, Back::Recreate] {
-        let planted = plant(Some(Mutant::HintPastOthers));
-        let (answer, holders) = hint_after(2, back).await;
-        drop(planted);
-        let names: Vec<&str> = holders.iter().map(|(w, _)| *w).collect();
-        assert!(answer.is_ok(), "{back:?}: {answer:?}");
-        assert_eq!(names, ["b", "c", "p"], "{back:?}");
-        assert!(
-            holders.iter().all(|(_, g)| !g.is_lost()),
-            "{back:?}: three believe they hold a key of 2"
-        );
-    }
+    super::bounded(async move {
+        for back in [Back::SetBack, Back::Recreate] {
+            let planted = plant(Some(Mutant::HintPastOthers));
+            let (answer, holders) = hint_after(2, back).await;
+            drop(planted);
+            let names: Vec<&str> = holders.iter().map(|(w, _)| *w).collect();
+            assert!(answer.is_ok(), "{back:?}: {answer:?}");
+            assert_eq!(names, ["b", "c", "p"], "{back:?}");
+            assert!(
+                holders.iter().all(|(_, g)| !g.is_lost()),
+                "{back:?}: three believe they hold a key of 2"
+            );
+        }
+    })
+    .await;
 }
 
 /// The look schedule: a waiter of 2 behind two live holders and three dead rows (tickets 3 to
@@ -265,19 +271,22 @@ async fn look_after_a_switch() -> (Result<u64, Error>, Vec<u64>) {
 
 #[tokio::test(start_paused = true)]
 async fn a_look_refused_for_other_permits_removes_nothing() {
-    let (answer, rows) = look_after_a_switch().await;
-    assert!(
-        matches!(
-            answer,
-            Err(Error::PermitsMismatch {
-                table: 3,
-                configured: 2,
-                ..
-            })
-        ),
-        "{answer:?}"
-    );
-    assert_eq!(rows, [1, 2, 3, 4, 5], "removed before it was refused");
+    super::bounded(async move {
+        let (answer, rows) = look_after_a_switch().await;
+        assert!(
+            matches!(
+                answer,
+                Err(Error::PermitsMismatch {
+                    table: 3,
+                    configured: 2,
+                    ..
+                })
+            ),
+            "{answer:?}"
+        );
+        assert_eq!(rows, [1, 2, 3, 4, 5], "removed before it was refused");
+    })
+    .await;
 }
 
 /// The schedule reaches the defect: a look that removes what its first page shows before it
@@ -285,11 +294,14 @@ async fn a_look_refused_for_other_permits_removes_nothing() {
 /// page before the counter, is never refused: busy at its deadline).
 #[tokio::test(start_paused = true)]
 async fn a_look_that_removes_before_it_reads_the_counter_is_caught() {
-    let planted = plant(Some(Mutant::LookRemovesUnchecked));
-    let (answer, rows) = look_after_a_switch().await;
-    drop(planted);
-    assert!(answer.is_err(), "{answer:?}");
-    assert_ne!(rows, [1, 2, 3, 4, 5], "{answer:?}");
+    super::bounded(async move {
+        let planted = plant(Some(Mutant::LookRemovesUnchecked));
+        let (answer, rows) = look_after_a_switch().await;
+        drop(planted);
+        assert!(answer.is_err(), "{answer:?}");
+        assert_ne!(rows, [1, 2, 3, 4, 5], "{answer:?}");
+    })
+    .await;
 }
 
 /// The seat schedule: a holder of one permit on the seat, its key's counter switched by hand to
@@ -317,20 +329,26 @@ async fn seat_after_a_hand_switch() -> (LostReason, Duration) {
 
 #[tokio::test(start_paused = true)]
 async fn a_seat_heartbeat_refused_for_other_permits_is_a_loss_at_once() {
-    let (reason, after) = seat_after_a_hand_switch().await;
-    assert_eq!(reason, LostReason::PermitsMismatch);
-    // Its next heartbeat, one interval after the grant.
-    assert!(after <= Duration::from_secs(2), "lost after {after:?}");
-    assert!(reason.to_string().contains("permits"), "{reason}");
+    super::bounded(async move {
+        let (reason, after) = seat_after_a_hand_switch().await;
+        assert_eq!(reason, LostReason::PermitsMismatch);
+        // Its next heartbeat, one interval after the grant.
+        assert!(after <= Duration::from_secs(2), "lost after {after:?}");
+        assert!(reason.to_string().contains("permits"), "{reason}");
+    })
+    .await;
 }
 
 /// The schedule reaches the defect: a fatal answer retried until the lease is reported late, as
 /// an expired lease.
 #[tokio::test(start_paused = true)]
 async fn a_refused_heartbeat_retried_until_the_lease_is_caught() {
-    let planted = plant(Some(Mutant::FatalHeartbeatRetried));
-    let (reason, after) = seat_after_a_hand_switch().await;
-    drop(planted);
-    assert_eq!(reason, LostReason::LeaseExpired, "lost after {after:?}");
-    assert!(after > Duration::from_secs(2), "lost after {after:?}");
+    super::bounded(async move {
+        let planted = plant(Some(Mutant::FatalHeartbeatRetried));
+        let (reason, after) = seat_after_a_hand_switch().await;
+        drop(planted);
+        assert_eq!(reason, LostReason::LeaseExpired, "lost after {after:?}");
+        assert!(after > Duration::from_secs(2), "lost after {after:?}");
+    })
+    .await;
 }

@@ -205,44 +205,56 @@ const LATE_REQUEST: Duration = Duration::from_millis(2500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_response_delayed_after_the_write() {
-    // A took the seat; its answer is late. B must queue behind A's seat, not jump ahead.
-    let delay = Fault::DelayResponse(Duration::from_millis(900));
-    let probe = race_with_fault("lateresp", delay, false).await;
-    assert!(!probe.overlapped(), "two holders");
-    assert_eq!(probe.order(), ["a", "b"]);
-    assert_strictly_increasing(&probe.tokens());
+    bounded(async move {
+        // A took the seat; its answer is late. B must queue behind A's seat, not jump ahead.
+        let delay = Fault::DelayResponse(Duration::from_millis(900));
+        let probe = race_with_fault("lateresp", delay, false).await;
+        assert!(!probe.overlapped(), "two holders");
+        assert_eq!(probe.order(), ["a", "b"]);
+        assert_strictly_increasing(&probe.tokens());
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_response_delayed_after_the_write_behind_a_holder() {
-    // A's row is in (behind H); its answer is late. When H leaves, B must queue behind A's row.
-    let delay = Fault::DelayResponse(Duration::from_millis(900));
-    let probe = race_with_fault("lateresph", delay, true).await;
-    assert!(!probe.overlapped(), "two holders");
-    assert_eq!(probe.order(), ["h", "a", "b"]);
-    assert_strictly_increasing(&probe.tokens());
+    bounded(async move {
+        // A's row is in (behind H); its answer is late. When H leaves, B must queue behind A's row.
+        let delay = Fault::DelayResponse(Duration::from_millis(900));
+        let probe = race_with_fault("lateresph", delay, true).await;
+        assert!(!probe.overlapped(), "two holders");
+        assert_eq!(probe.order(), ["h", "a", "b"]);
+        assert_strictly_increasing(&probe.tokens());
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_request_delayed_before_the_write() {
-    // A's seat take arrives after B took the seat (and maybe left it): A's write must fail and A
-    // must queue behind B, never take the seat with a lower ticket.
-    let delay = Fault::DelayRequest(LATE_REQUEST);
-    let probe = race_with_fault("latereq", delay, false).await;
-    assert!(!probe.overlapped(), "two holders");
-    assert_eq!(probe.order(), ["b", "a"]);
-    assert_strictly_increasing(&probe.tokens());
+    bounded(async move {
+        // A's seat take arrives after B took the seat (and maybe left it): A's write must fail and A
+        // must queue behind B, never take the seat with a lower ticket.
+        let delay = Fault::DelayRequest(LATE_REQUEST);
+        let probe = race_with_fault("latereq", delay, false).await;
+        assert!(!probe.overlapped(), "two holders");
+        assert_eq!(probe.order(), ["b", "a"]);
+        assert_strictly_increasing(&probe.tokens());
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_enqueue_request_delayed_before_the_write_behind_a_holder() {
-    // A's transaction arrives after B took the next ticket: it must fail and A must queue behind
-    // B, never insert a lower ticket.
-    let delay = Fault::DelayRequest(LATE_REQUEST);
-    let probe = race_with_fault("latereqh", delay, true).await;
-    assert!(!probe.overlapped(), "two holders");
-    assert_eq!(probe.order(), ["h", "b", "a"]);
-    assert_strictly_increasing(&probe.tokens());
+    bounded(async move {
+        // A's transaction arrives after B took the next ticket: it must fail and A must queue behind
+        // B, never insert a lower ticket.
+        let delay = Fault::DelayRequest(LATE_REQUEST);
+        let probe = race_with_fault("latereqh", delay, true).await;
+        assert!(!probe.overlapped(), "two holders");
+        assert_eq!(probe.order(), ["h", "b", "a"]);
+        assert_strictly_increasing(&probe.tokens());
+    })
+    .await;
 }
 
 /// Lost answers of one enqueue: as many as the SDK makes attempts (standard retry mode, 3), so
@@ -251,70 +263,82 @@ const LOST_ANSWERS: u32 = 3;
 
 #[tokio::test]
 async fn a_seat_take_whose_response_is_lost_is_retried_idempotently() {
-    // The seat take has no ClientRequestToken: a retry's condition fails on our own seat, which
-    // must be recognised as ours (same owner and rvn), not taken for a holder ahead.
-    let env = Env::new("ambigseat").await;
-    let (locker, proxy) = env.proxied_locker().await;
-    let lost = u64::from(LOST_ANSWERS);
-    proxy.add_rule(on_seat_take(Fault::DropResponse).times(LOST_ANSWERS));
-    let g = locker.acquire("k", &fast()).await.unwrap();
-    assert_eq!(proxy.faults_applied(), lost, "{:?}", proxy.counts());
-    assert!(proxy.count("UpdateItem") > lost, "{:?}", proxy.counts());
-    assert_eq!(proxy.count("TransactWriteItems"), 0, "{:?}", proxy.counts());
-    assert_seated_once(&env, &g).await;
-    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
-    assert_free(&env, "1").await;
+    bounded(async move {
+        // The seat take has no ClientRequestToken: a retry's condition fails on our own seat, which
+        // must be recognised as ours (same owner and rvn), not taken for a holder ahead.
+        let env = Env::new("ambigseat").await;
+        let (locker, proxy) = env.proxied_locker().await;
+        let lost = u64::from(LOST_ANSWERS);
+        proxy.add_rule(on_seat_take(Fault::DropResponse).times(LOST_ANSWERS));
+        let g = locker.acquire("k", &fast()).await.unwrap();
+        assert_eq!(proxy.faults_applied(), lost, "{:?}", proxy.counts());
+        assert!(proxy.count("UpdateItem") > lost, "{:?}", proxy.counts());
+        assert_eq!(proxy.count("TransactWriteItems"), 0, "{:?}", proxy.counts());
+        assert_seated_once(&env, &g).await;
+        assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_free(&env, "1").await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn an_enqueue_whose_response_is_lost_is_retried_idempotently() {
-    // Behind a holder the enqueue is the transaction: its retries (same ClientRequestToken, and
-    // our row recognised as ours) must not write a second row or take a second ticket.
-    let env = Env::new("ambig").await;
-    let h = holder(&env).await;
-    let (locker, proxy) = env.proxied_locker().await;
-    let lost = u64::from(LOST_ANSWERS);
-    proxy.add_rule(on_transaction(Fault::DropResponse).times(LOST_ANSWERS));
-    let g = acquire_behind(&env, h, &locker).await;
-    assert_eq!(proxy.faults_applied(), lost, "{:?}", proxy.counts());
-    assert!(
-        proxy.count("TransactWriteItems") > lost,
-        "{:?}",
-        proxy.counts()
-    );
-    let items = env.items("k").await;
-    assert_eq!(queue_rows(&items), 1, "a retried enqueue wrote two rows");
-    assert_eq!(counter(&items), "2", "a retried enqueue took two tickets");
-    assert_eq!(seat(&items), None);
-    assert_eq!(g.token(), 2);
-    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
-    assert_free(&env, "2").await;
+    bounded(async move {
+        // Behind a holder the enqueue is the transaction: its retries (same ClientRequestToken, and
+        // our row recognised as ours) must not write a second row or take a second ticket.
+        let env = Env::new("ambig").await;
+        let h = holder(&env).await;
+        let (locker, proxy) = env.proxied_locker().await;
+        let lost = u64::from(LOST_ANSWERS);
+        proxy.add_rule(on_transaction(Fault::DropResponse).times(LOST_ANSWERS));
+        let g = acquire_behind(&env, h, &locker).await;
+        assert_eq!(proxy.faults_applied(), lost, "{:?}", proxy.counts());
+        assert!(
+            proxy.count("TransactWriteItems") > lost,
+            "{:?}",
+            proxy.counts()
+        );
+        let items = env.items("k").await;
+        assert_eq!(queue_rows(&items), 1, "a retried enqueue wrote two rows");
+        assert_eq!(counter(&items), "2", "a retried enqueue took two tickets");
+        assert_eq!(seat(&items), None);
+        assert_eq!(g.token(), 2);
+        assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_free(&env, "2").await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn duplicated_seat_take_writes_once() {
-    let env = Env::new("dupseat").await;
-    let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(on_seat_take(Fault::Duplicate).times(1));
-    let g = locker.acquire("k", &fast()).await.unwrap();
-    assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
-    assert_seated_once(&env, &g).await;
-    assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
-    assert_free(&env, "1").await;
+    bounded(async move {
+        let env = Env::new("dupseat").await;
+        let (locker, proxy) = env.proxied_locker().await;
+        proxy.add_rule(on_seat_take(Fault::Duplicate).times(1));
+        let g = locker.acquire("k", &fast()).await.unwrap();
+        assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
+        assert_seated_once(&env, &g).await;
+        assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_free(&env, "1").await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn duplicated_enqueue_writes_once() {
-    let env = Env::new("dup").await;
-    let h = holder(&env).await;
-    let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(on_transaction(Fault::Duplicate).times(1));
-    let g = acquire_behind(&env, h, &locker).await;
-    assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
-    let items = env.items("k").await;
-    assert_eq!((queue_rows(&items), counter(&items)), (1, "2".to_string()));
-    assert_eq!(g.token(), 2);
-    g.release().await.unwrap();
+    bounded(async move {
+        let env = Env::new("dup").await;
+        let h = holder(&env).await;
+        let (locker, proxy) = env.proxied_locker().await;
+        proxy.add_rule(on_transaction(Fault::Duplicate).times(1));
+        let g = acquire_behind(&env, h, &locker).await;
+        assert_eq!(proxy.faults_applied(), 1, "{:?}", proxy.counts());
+        let items = env.items("k").await;
+        assert_eq!((queue_rows(&items), counter(&items)), (1, "2".to_string()));
+        assert_eq!(g.token(), 2);
+        g.release().await.unwrap();
+    })
+    .await;
 }
 
 /// The release of the seat (vacating it) or of a row (deleting it).
@@ -347,24 +371,30 @@ async fn drop_heartbeats_and_release(g: LockGuard, seat: bool, proxy: &FaultProx
 
 #[tokio::test]
 async fn lost_heartbeat_and_release_responses_are_not_losses() {
-    let env = Env::new("ambighb").await;
-    let (locker, proxy) = env.proxied_locker().await;
-    let g = locker.acquire("k", &fast()).await.unwrap();
-    assert_seated_once(&env, &g).await;
-    drop_heartbeats_and_release(g, SEAT, &proxy).await;
-    assert_free(&env, "1").await;
+    bounded(async move {
+        let env = Env::new("ambighb").await;
+        let (locker, proxy) = env.proxied_locker().await;
+        let g = locker.acquire("k", &fast()).await.unwrap();
+        assert_seated_once(&env, &g).await;
+        drop_heartbeats_and_release(g, SEAT, &proxy).await;
+        assert_free(&env, "1").await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn lost_heartbeat_and_release_responses_of_a_row_are_not_losses() {
-    let env = Env::new("ambighbrow").await;
-    let h = holder(&env).await;
-    let (locker, proxy) = env.proxied_locker().await;
-    let g = acquire_behind(&env, h, &locker).await;
-    assert_eq!(g.token(), 2);
-    assert_eq!(queue_rows(&env.items("k").await), 1);
-    drop_heartbeats_and_release(g, ROW, &proxy).await;
-    assert_free(&env, "2").await;
+    bounded(async move {
+        let env = Env::new("ambighbrow").await;
+        let h = holder(&env).await;
+        let (locker, proxy) = env.proxied_locker().await;
+        let g = acquire_behind(&env, h, &locker).await;
+        assert_eq!(g.token(), 2);
+        assert_eq!(queue_rows(&env.items("k").await), 1);
+        drop_heartbeats_and_release(g, ROW, &proxy).await;
+        assert_free(&env, "2").await;
+    })
+    .await;
 }
 
 /// Throttles `g`'s heartbeats and fails (5xx) its release (held through `proxy`, from the seat
@@ -387,51 +417,60 @@ async fn fail_heartbeats_and_release(g: LockGuard, seat: bool, proxy: &FaultProx
 
 #[tokio::test]
 async fn throttling_and_server_errors_are_retried() {
-    let env = Env::new("throttle").await;
-    let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
-    proxy.add_rule(on_seat_take(Fault::ServerError).times(4));
-    let g = locker.acquire("k", &steady()).await.unwrap();
-    assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
-    assert_seated_once(&env, &g).await;
-    fail_heartbeats_and_release(g, SEAT, &proxy).await;
-    assert_free(&env, "1").await;
+    bounded(async move {
+        let env = Env::new("throttle").await;
+        let (locker, proxy) = env.proxied_locker().await;
+        proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
+        proxy.add_rule(on_seat_take(Fault::ServerError).times(4));
+        let g = locker.acquire("k", &steady()).await.unwrap();
+        assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
+        assert_seated_once(&env, &g).await;
+        fail_heartbeats_and_release(g, SEAT, &proxy).await;
+        assert_free(&env, "1").await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn throttling_and_server_errors_of_a_waiter_are_retried() {
-    let env = Env::new("throttlew").await;
-    let h = holder(&env).await;
-    let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
-    proxy.add_rule(on_transaction(Fault::ServerError).times(4));
-    let g = acquire_behind(&env, h, &locker).await;
-    assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
-    assert_eq!(g.token(), 2);
-    assert_eq!(queue_rows(&env.items("k").await), 1);
-    fail_heartbeats_and_release(g, ROW, &proxy).await;
-    assert_free(&env, "2").await;
+    bounded(async move {
+        let env = Env::new("throttlew").await;
+        let h = holder(&env).await;
+        let (locker, proxy) = env.proxied_locker().await;
+        proxy.add_rule(Rule::new(Fault::Throttle).on("Query").times(4));
+        proxy.add_rule(on_transaction(Fault::ServerError).times(4));
+        let g = acquire_behind(&env, h, &locker).await;
+        assert_eq!(proxy.faults_applied(), 8, "{:?}", proxy.counts());
+        assert_eq!(g.token(), 2);
+        assert_eq!(queue_rows(&env.items("k").await), 1);
+        fail_heartbeats_and_release(g, ROW, &proxy).await;
+        assert_free(&env, "2").await;
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn throttling_beyond_the_budget_is_a_clear_error() {
-    let env = Env::new("throttled").await;
-    let (locker, proxy) = env.proxied_locker().await;
-    proxy.add_rule(Rule::new(Fault::Throttle).on("Query"));
-    let opts = LockOptions {
-        wait: Wait::NoWait,
-        ..fast()
-    };
-    let err = locker.acquire("k", &opts).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Throttled {
-                operation: "Query",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(err.to_string().contains("throttled"), "{err}");
+    bounded(async move {
+        let env = Env::new("throttled").await;
+        let (locker, proxy) = env.proxied_locker().await;
+        proxy.add_rule(Rule::new(Fault::Throttle).on("Query"));
+        let opts = LockOptions {
+            wait: Wait::NoWait,
+            ..fast()
+        };
+        let err = locker.acquire("k", &opts).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Throttled {
+                    operation: "Query",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("throttled"), "{err}");
+    })
+    .await;
 }

@@ -40,52 +40,55 @@ fn opts(wait: Wait) -> LockOptions {
 /// two seconds, and the holder heartbeats once per interval.
 #[tokio::test]
 async fn a_waiter_and_a_holder_keep_their_pace() {
-    let env = Env::new("pacing").await;
-    let (holding, holder_proxy) = env.proxied_locker().await;
-    let holder = holding.acquire("k", &opts(Wait::Forever)).await.unwrap();
-    let (waiting, proxy) = env.proxied_locker().await;
-    let waiter = tokio::spawn(async move {
-        let g = waiting.acquire("k", &opts(Wait::Forever)).await;
-        (g, waiting)
-    });
-    until_queue_len(&env, "k", 2).await;
-    proxy.reset_counts();
-    holder_proxy.reset_counts();
-    tokio::time::sleep(HOLD).await;
-    let looks = proxy.count("Query");
-    let others = proxy.total() - looks;
-    let beats = holder_proxy.count("UpdateItem");
-    holder.release().await.unwrap();
-    let (granted, _waiting) = env
-        .within("k", Duration::from_secs(10), "the waiter's turn", waiter)
-        .await
-        .unwrap();
-    granted.unwrap().release().await.unwrap();
+    bounded(async move {
+        let env = Env::new("pacing").await;
+        let (holding, holder_proxy) = env.proxied_locker().await;
+        let holder = holding.acquire("k", &opts(Wait::Forever)).await.unwrap();
+        let (waiting, proxy) = env.proxied_locker().await;
+        let waiter = tokio::spawn(async move {
+            let g = waiting.acquire("k", &opts(Wait::Forever)).await;
+            (g, waiting)
+        });
+        until_queue_len(&env, "k", 2).await;
+        proxy.reset_counts();
+        holder_proxy.reset_counts();
+        tokio::time::sleep(HOLD).await;
+        let looks = proxy.count("Query");
+        let others = proxy.total() - looks;
+        let beats = holder_proxy.count("UpdateItem");
+        holder.release().await.unwrap();
+        let (granted, _waiting) = env
+            .within("k", Duration::from_secs(10), "the waiter's turn", waiter)
+            .await
+            .unwrap();
+        granted.unwrap().release().await.unwrap();
 
-    let allowed = looks_allowed(HOLD, opts(Wait::Forever).poll);
-    let interval = fast().heartbeat.unwrap();
-    let beats_allowed = (HOLD.as_millis() / interval.as_millis()) as u64 + 1;
-    eprintln!(
+        let allowed = looks_allowed(HOLD, opts(Wait::Forever).poll);
+        let interval = fast().heartbeat.unwrap();
+        let beats_allowed = (HOLD.as_millis() / interval.as_millis()) as u64 + 1;
+        eprintln!(
         "pacing: the waiter looked {looks} times in {HOLD:?} (its pace allows {allowed}), sent \
          {others} other requests; the holder sent {beats} heartbeats (allowed {beats_allowed})"
     );
-    assert!(
-        looks <= allowed,
-        "hot loop: the waiter looked {looks} times while the holder held {HOLD:?}; its pace \
+        assert!(
+            looks <= allowed,
+            "hot loop: the waiter looked {looks} times while the holder held {HOLD:?}; its pace \
          allows {allowed} ({:?})",
-        proxy.counts()
-    );
-    // The waiter's own heartbeats (one per interval) are its only other requests.
-    assert!(
-        others <= beats_allowed,
-        "the waiter sent {others} requests besides its looks: {:?}",
-        proxy.counts()
-    );
-    assert!(
-        beats <= beats_allowed,
-        "the holder heartbeat {beats} times in {HOLD:?}, interval {interval:?}: {:?}",
-        holder_proxy.counts()
-    );
+            proxy.counts()
+        );
+        // The waiter's own heartbeats (one per interval) are its only other requests.
+        assert!(
+            others <= beats_allowed,
+            "the waiter sent {others} requests besides its looks: {:?}",
+            proxy.counts()
+        );
+        assert!(
+            beats <= beats_allowed,
+            "the holder heartbeat {beats} times in {HOLD:?}, interval {interval:?}: {:?}",
+            holder_proxy.counts()
+        );
+    })
+    .await;
 }
 
 /// A `wait = 500 ms` waiter behind a two-second hold gives up at its deadline: it looks as its
@@ -94,42 +97,45 @@ async fn a_waiter_and_a_holder_keep_their_pace() {
 /// holder leaves.
 #[tokio::test]
 async fn a_waiter_past_its_deadline_stops_looking() {
-    let env = Env::new("pacingd").await;
-    let holder = env
-        .locker()
-        .await
-        .acquire("k", &opts(Wait::Forever))
-        .await
-        .unwrap();
-    let (waiting, proxy) = env.proxied_locker().await;
-    let wait = Duration::from_millis(500);
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(HOLD).await;
-        holder.release().await.unwrap();
-    });
-    let outcome = waiting.acquire("k", &opts(Wait::For(wait))).await;
-    release.await.unwrap();
-    let counts = proxy.counts();
-    let queries = proxy.count("Query");
-    match outcome {
-        Err(Error::Busy { .. }) => {}
-        Ok(g) => {
-            g.release().await.unwrap();
-            panic!("a wait of {wait:?} outlasted a hold of {HOLD:?}: granted ({counts:?})");
+    bounded(async move {
+        let env = Env::new("pacingd").await;
+        let holder = env
+            .locker()
+            .await
+            .acquire("k", &opts(Wait::Forever))
+            .await
+            .unwrap();
+        let (waiting, proxy) = env.proxied_locker().await;
+        let wait = Duration::from_millis(500);
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(HOLD).await;
+            holder.release().await.unwrap();
+        });
+        let outcome = waiting.acquire("k", &opts(Wait::For(wait))).await;
+        release.await.unwrap();
+        let counts = proxy.counts();
+        let queries = proxy.count("Query");
+        match outcome {
+            Err(Error::Busy { .. }) => {}
+            Ok(g) => {
+                g.release().await.unwrap();
+                panic!("a wait of {wait:?} outlasted a hold of {HOLD:?}: granted ({counts:?})");
+            }
+            Err(e) => panic!("{e}"),
         }
-        Err(e) => panic!("{e}"),
-    }
-    // The enqueue's read, the looks of the wait, one look at the deadline.
-    let allowed = 1 + looks_allowed(wait, opts(Wait::Forever).poll) + 1;
-    eprintln!("pacing: a {wait:?} wait made {queries} reads (allowed {allowed}): {counts:?}");
-    assert!(
+        // The enqueue's read, the looks of the wait, one look at the deadline.
+        let allowed = 1 + looks_allowed(wait, opts(Wait::Forever).poll) + 1;
+        eprintln!("pacing: a {wait:?} wait made {queries} reads (allowed {allowed}): {counts:?}");
+        assert!(
         queries <= allowed,
         "hot loop: a {wait:?} wait made {queries} reads; its pace allows {allowed} ({counts:?})"
     );
-    // Its row's removal: one DeleteItem.
-    assert_eq!(
-        proxy.count("DeleteItem"),
-        1,
-        "the waiter did not leave once: {counts:?}"
-    );
+        // Its row's removal: one DeleteItem.
+        assert_eq!(
+            proxy.count("DeleteItem"),
+            1,
+            "the waiter did not leave once: {counts:?}"
+        );
+    })
+    .await;
 }

@@ -55,73 +55,85 @@ async fn race(name: &str, offset_ms: i64, skew: ClockSkew) -> (Instant, Instant)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skew_within_the_allowance_is_safe_in_the_default_mode() {
-    for offset in [250, -250] {
-        let (lost_at, granted_at) = race(
-            "skewin",
-            offset,
-            ClockSkew::Bounded(Duration::from_millis(300)),
-        )
-        .await;
-        assert!(
-            lost_at <= granted_at,
-            "offset {offset} ms: B was granted {:?} before A knew it lost",
-            lost_at - granted_at
-        );
-    }
+    bounded(async move {
+        for offset in [250, -250] {
+            let (lost_at, granted_at) = race(
+                "skewin",
+                offset,
+                ClockSkew::Bounded(Duration::from_millis(300)),
+            )
+            .await;
+            assert!(
+                lost_at <= granted_at,
+                "offset {offset} ms: B was granted {:?} before A knew it lost",
+                lost_at - granted_at
+            );
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_free_mode_is_safe_with_any_skew() {
-    for offset in [3_600_000, -3_600_000] {
-        let (lost_at, granted_at) = race("skewfree", offset, ClockSkew::Unbounded).await;
-        assert!(
-            lost_at <= granted_at,
-            "offset {offset} ms: B was granted {:?} before A knew it lost",
-            lost_at - granted_at
-        );
-    }
+    bounded(async move {
+        for offset in [3_600_000, -3_600_000] {
+            let (lost_at, granted_at) = race("skewfree", offset, ClockSkew::Unbounded).await;
+            assert!(
+                lost_at <= granted_at,
+                "offset {offset} ms: B was granted {:?} before A knew it lost",
+                lost_at - granted_at
+            );
+        }
+    })
+    .await;
 }
 
 /// The limit, shown: beyond the allowance the default mode is *not* safe. This is the control
 /// that proves the two tests above can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skew_beyond_the_allowance_breaks_the_default_mode() {
-    let (lost_at, granted_at) = race(
-        "skewout",
-        1_500,
-        ClockSkew::Bounded(Duration::from_millis(300)),
-    )
+    bounded(async move {
+        let (lost_at, granted_at) = race(
+            "skewout",
+            1_500,
+            ClockSkew::Bounded(Duration::from_millis(300)),
+        )
+        .await;
+        assert!(
+            granted_at < lost_at,
+            "expected the skewed waiter to take over early"
+        );
+    })
     .await;
-    assert!(
-        granted_at < lost_at,
-        "expected the skewed waiter to take over early"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_free_waiter_never_takes_over_from_a_live_holder() {
-    let env = Env::new("freelive").await;
-    let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
-    let b = env.locker().await.with_clock(Arc::new(SkewedClock {
-        offset_ms: 3_600_000,
-    }));
-    let opts = LockOptions {
-        clock_skew: ClockSkew::Unbounded,
-        ..fast()
-    };
-    let waiter = tokio::spawn(async move {
-        b.acquire("k", &opts)
+    bounded(async move {
+        let env = Env::new("freelive").await;
+        let holder = env.locker().await.acquire("k", &fast()).await.unwrap();
+        let b = env.locker().await.with_clock(Arc::new(SkewedClock {
+            offset_ms: 3_600_000,
+        }));
+        let opts = LockOptions {
+            clock_skew: ClockSkew::Unbounded,
+            ..fast()
+        };
+        let waiter = tokio::spawn(async move {
+            b.acquire("k", &opts)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(fast().lease * 3).await;
+        assert!(!waiter.is_finished(), "took over from a live holder");
+        assert!(!holder.is_lost());
+        holder.release().await.unwrap();
+        env.within("k", Duration::from_secs(10), "the waiter's turn", waiter)
             .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap()
-    });
-    tokio::time::sleep(fast().lease * 3).await;
-    assert!(!waiter.is_finished(), "took over from a live holder");
-    assert!(!holder.is_lost());
-    holder.release().await.unwrap();
-    env.within("k", Duration::from_secs(10), "the waiter's turn", waiter)
-        .await
-        .unwrap();
+            .unwrap();
+    })
+    .await;
 }

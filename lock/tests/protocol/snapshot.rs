@@ -330,24 +330,27 @@ async fn record_permits() -> BTreeSet<String> {
 /// on the wire").
 #[tokio::test]
 async fn one_permit_sends_exactly_protocol_1s_requests() {
-    let (recorded, speaks) = record().await;
-    let committed = std::fs::read_to_string(snapshot_path(1)).unwrap();
-    let committed: BTreeSet<String> = committed
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(str::to_owned)
-        .collect();
-    let added: Vec<_> = recorded.difference(&committed).collect();
-    let gone: Vec<_> = committed.difference(&recorded).collect();
-    assert!(
-        added.is_empty() && gone.is_empty(),
-        "one permit no longer sends protocol 1's requests:\nnew: {added:#?}\ngone: {gone:#?}"
-    );
-    assert_eq!(
-        speaks,
-        BTreeSet::from(["1".to_owned()]),
-        "participants of one permit must condition their writes on protocol 1"
-    );
+    bounded(async move {
+        let (recorded, speaks) = record().await;
+        let committed = std::fs::read_to_string(snapshot_path(1)).unwrap();
+        let committed: BTreeSet<String> = committed
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect();
+        let added: Vec<_> = recorded.difference(&committed).collect();
+        let gone: Vec<_> = committed.difference(&recorded).collect();
+        assert!(
+            added.is_empty() && gone.is_empty(),
+            "one permit no longer sends protocol 1's requests:\nnew: {added:#?}\ngone: {gone:#?}"
+        );
+        assert_eq!(
+            speaks,
+            BTreeSet::from(["1".to_owned()]),
+            "participants of one permit must condition their writes on protocol 1"
+        );
+    })
+    .await;
 }
 
 fn snapshot_path(protocol: u32) -> PathBuf {
@@ -360,48 +363,49 @@ const HEADER: &str = "# The requests of flightlock protocol";
 
 #[tokio::test]
 async fn the_protocols_requests_match_the_snapshot_of_its_number() {
-    let (mut recorded, _) = record().await;
-    recorded.extend(record_permits().await);
-    let text: String = std::iter::once(format!(
-        "{HEADER} {PROTOCOL} (lock/tests/protocol/snapshot.rs; see CONTRIBUTING.md)"
-    ))
-    .chain(recorded.iter().cloned())
-    .map(|l| l + "\n")
-    .collect();
-    let path = snapshot_path(PROTOCOL);
-    if std::env::var_os("FLIGHTLOCK_WRITE_SNAPSHOT").is_some() {
-        assert!(
+    bounded(async move {
+        let (mut recorded, _) = record().await;
+        recorded.extend(record_permits().await);
+        let text: String = std::iter::once(format!(
+            "{HEADER} {PROTOCOL} (lock/tests/protocol/snapshot.rs; see CONTRIBUTING.md)"
+        ))
+        .chain(recorded.iter().cloned())
+        .map(|l| l + "\n")
+        .collect();
+        let path = snapshot_path(PROTOCOL);
+        if std::env::var_os("FLIGHTLOCK_WRITE_SNAPSHOT").is_some() {
+            assert!(
             !path.exists(),
             "{} exists: a protocol's snapshot is never rewritten. A change to the requests is a \
              protocol change: raise flightlock::PROTOCOL first (CONTRIBUTING.md)",
             path.display()
         );
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &text).unwrap();
-        panic!(
-            "wrote {}: review it, commit it, and run again without FLIGHTLOCK_WRITE_SNAPSHOT",
-            path.display()
-        );
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!(
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &text).unwrap();
+            panic!(
+                "wrote {}: review it, commit it, and run again without FLIGHTLOCK_WRITE_SNAPSHOT",
+                path.display()
+            );
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!(
             "no snapshot for protocol {PROTOCOL} ({}): write it with FLIGHTLOCK_WRITE_SNAPSHOT=1",
             path.display()
         )
-    });
-    let committed_lines: BTreeSet<String> = committed
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(str::to_owned)
-        .collect();
-    assert!(
-        committed.starts_with(&format!("{HEADER} {PROTOCOL} ")),
-        "{} does not belong to protocol {PROTOCOL}",
-        path.display()
-    );
-    let added: Vec<_> = recorded.difference(&committed_lines).collect();
-    let gone: Vec<_> = committed_lines.difference(&recorded).collect();
-    assert!(
+        });
+        let committed_lines: BTreeSet<String> = committed
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            committed.starts_with(&format!("{HEADER} {PROTOCOL} ")),
+            "{} does not belong to protocol {PROTOCOL}",
+            path.display()
+        );
+        let added: Vec<_> = recorded.difference(&committed_lines).collect();
+        let gone: Vec<_> = committed_lines.difference(&recorded).collect();
+        assert!(
         added.is_empty() && gone.is_empty(),
         "the protocol's requests changed but flightlock::PROTOCOL is still {PROTOCOL}. A change \
          to the table's attributes or to a request's condition is a protocol change: raise \
@@ -417,4 +421,6 @@ async fn the_protocols_requests_match_the_snapshot_of_its_number() {
             .collect::<Vec<_>>()
             .join("\n"),
     );
+    })
+    .await;
 }

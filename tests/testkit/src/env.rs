@@ -30,6 +30,18 @@ pub async fn within<T>(bound: Duration, what: &str, fut: impl Future<Output = T>
     }
 }
 
+/// The bound of a whole test against the local DynamoDB: far past what any test takes on a
+/// loaded 2-core machine (the slowest take under a minute), so reaching it means a wait that
+/// never ends, not a slow run.
+pub const TEST_BOUND: Duration = Duration::from_secs(300);
+
+/// Runs a test's body for at most [`TEST_BOUND`]: every protocol test is wrapped in it, so one
+/// whose waits never end (a locker that never gives up, a signal that never comes) fails
+/// instead of keeping `cargo test` from returning.
+pub async fn bounded(body: impl Future<Output = ()>) {
+    within(TEST_BOUND, "the whole test (a wait that never ends?)", body).await
+}
+
 /// Runs `wait` (a blocking wait on the child process `pid`: its exit, its output) for at most
 /// `bound`; past it, kills the process and fails naming `what`. A command that never ends (a
 /// signal not passed on, a wait that never gives up) fails the test instead of hanging it.

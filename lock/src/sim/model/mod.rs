@@ -185,7 +185,15 @@ pub(crate) struct Table {
     /// Every `tickNewest` written (key, tick, when): a coalescing waiter older than one written
     /// a while before its grant should have withdrawn.
     pub newest: Vec<(String, i64, Instant)>,
+    /// Requests applied so far ([`REQUEST_BOUND`]).
+    applied: u64,
 }
+
+/// The most requests one table answers: far past what a schedule or a script sends (a seeded
+/// schedule sends thousands), so reaching it means a participant that never finishes — a wait
+/// that never gives up on a clock that does not let paused time run (the model answers at once),
+/// which no bound of simulated time can catch. The test then fails instead of spinning.
+pub(crate) const REQUEST_BOUND: u64 = 1_000_000;
 
 fn num(item: &Item, name: &str) -> Option<i64> {
     match item.get(name) {
@@ -253,7 +261,18 @@ impl Table {
             newest: Vec::new(),
             scan_lag: Duration::ZERO,
             history: BTreeMap::new(),
+            applied: 0,
         }
+    }
+
+    /// Counts one request; past [`REQUEST_BOUND`] the run fails.
+    pub(crate) fn count_request(&mut self) {
+        self.applied += 1;
+        assert!(
+            self.applied <= REQUEST_BOUND,
+            "the table answered {REQUEST_BOUND} requests: a participant never finishes (a wait \
+             that never gives up?)"
+        );
     }
 
     /// The server's wall clock (the true time), epoch ms.

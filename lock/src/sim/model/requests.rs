@@ -19,6 +19,7 @@ use crate::storage::{
 impl Table {
     /// Applies one request at server instant `now`.
     pub(crate) fn apply(&mut self, request: &Request, now: Instant) -> Result<Response, Failure> {
+        self.count_request();
         // A single-item write to the counter is conditioned on a protocol we speak, and its
         // refusal read as `storage/answers.rs` reads it (the enqueue transaction's counter half
         // is in `counter_check`).
