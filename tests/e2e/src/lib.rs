@@ -160,6 +160,10 @@ pub enum Runtime {
     /// (`docs/src/recipes/sqs/sqs_fifo_powertools.py`), the client imported from the layer's
     /// `/opt/python` and Powertools from [`POWERTOOLS_ENV`].
     PythonPowertools,
+    /// `tests/e2e/runtimes/kinesis_powertools_handler.py` under `awslambdaric`: the SQS recipe's
+    /// Kinesis consumer on Powertools' `BatchProcessor` with `flightlock.powertools`
+    /// (`docs/src/recipes/sqs/kinesis_powertools.py`), imported as for [`Runtime::PythonPowertools`].
+    PythonKinesisPowertools,
     /// `tests/e2e/runtimes/records_bootstrap.sh`: a bash + curl custom runtime whose handler
     /// locks one key per event with the guide's shell client
     /// (`docs/src/guide/lock-api/flightlock_locks.sh`).
@@ -198,6 +202,14 @@ pub const RECORD_FILES: &[(&str, &str)] = &[
     (
         "docs/src/recipes/sqs/sqs_fifo_powertools.py",
         "sqs_fifo_powertools.py",
+    ),
+    (
+        "tests/e2e/runtimes/kinesis_powertools_handler.py",
+        "kinesis_powertools_handler.py",
+    ),
+    (
+        "docs/src/recipes/sqs/kinesis_powertools.py",
+        "kinesis_powertools.py",
     ),
     (
         "tests/e2e/runtimes/records_handler.mjs",
@@ -378,6 +390,14 @@ impl Env {
                     "powertools_handler.handler".into(),
                 ]);
             }
+            Runtime::PythonKinesisPowertools => {
+                command.push(tool(PYTHON_ENV).display().to_string());
+                command.extend([
+                    "-m".into(),
+                    "awslambdaric".into(),
+                    "kinesis_powertools_handler.handler".into(),
+                ]);
+            }
             Runtime::CurlRecords => {
                 command.push("bash".into());
                 command.push(task.join("records_bootstrap.sh").display().to_string());
@@ -457,11 +477,17 @@ impl Env {
             format!("e2e-session-{name}-{:08x}", rand_u32()),
         );
         match spec.runtime {
-            Runtime::Python | Runtime::PythonRecords | Runtime::PythonPowertools => {
+            Runtime::Python
+            | Runtime::PythonRecords
+            | Runtime::PythonPowertools
+            | Runtime::PythonKinesisPowertools => {
                 env.insert("AWS_EXECUTION_ENV".into(), "AWS_Lambda_python3.12".into());
                 // Lambda's Python runtimes put a layer's python/ on sys.path.
                 let mut path = vec!["/opt/python".to_owned()];
-                if matches!(spec.runtime, Runtime::PythonPowertools) {
+                if matches!(
+                    spec.runtime,
+                    Runtime::PythonPowertools | Runtime::PythonKinesisPowertools
+                ) {
                     let powertools = std::env::var(POWERTOOLS_ENV).unwrap_or_else(|_| {
                         panic!("{POWERTOOLS_ENV} is not set: run `eval \"$(scripts/client-python-tools)\"` first")
                     });
