@@ -144,14 +144,25 @@ async fn powertools_fifo_consumers_from_the_layer_keep_groups_apart_and_in_order
         }))
         .await;
         for ((e, batch), answer) in calls.iter().zip(answers) {
-            let failures: BTreeSet<String> = answer["batchItemFailures"]
-                .as_array()
-                .unwrap_or_else(|| {
-                    panic!("{}: no batchItemFailures: {answer}\n{}", e.name, e.log())
-                })
-                .iter()
-                .map(|f| f["itemIdentifier"].as_str().unwrap().to_owned())
-                .collect();
+            // Every record failed (all busy): Powertools throws FullBatchFailureError, the
+            // invocation fails and Lambda hands the whole batch back.
+            let failures: BTreeSet<String> = match answer["batchItemFailures"].as_array() {
+                Some(failures) => failures
+                    .iter()
+                    .map(|f| f["itemIdentifier"].as_str().unwrap().to_owned())
+                    .collect(),
+                None => {
+                    assert_eq!(
+                        answer["errorType"],
+                        "FullBatchFailureError",
+                        "{}: neither batchItemFailures nor Powertools' all-failed error: \
+                         {answer}\n{}",
+                        e.name,
+                        e.log()
+                    );
+                    batch.iter().map(|m| m.id()).collect()
+                }
+            };
             // Powertools' FIFO rule: after a failed record of a group, the rest of it fails too.
             let mut failed_groups = BTreeSet::new();
             for m in batch {
