@@ -80,7 +80,12 @@ def write_zip(out: Path, entries: list[tuple[str, Path, int]]) -> None:
 ROOT = Path(__file__).resolve().parent.parent
 # The client packages in dist/ (scripts/release builds them): the wheel and sdist of
 # clients/python, the npm tarball of clients/node.
-PACKAGE_NAME = re.compile(r"flightlock-(?P<version>[0-9][^-]*?)(?:-py3-none-any\.whl|\.tar\.gz|\.tgz)")
+# The Python client's wheel and sdist (distribution flightlock-client: PyPI's "flightlock" is an
+# unrelated project's; file names normalise it to flightlock_client) and the npm tarball (flightlock).
+PACKAGE_NAME = re.compile(
+    r"(?:flightlock_client-(?P<py>[0-9][^-]*?)(?:-py3-none-any\.whl|\.tar\.gz)"
+    r"|flightlock-(?P<npm>[0-9][^-]*?)\.tgz)"
+)
 
 
 def client_files(root: Path = ROOT) -> list[tuple[str, Path]]:
@@ -186,12 +191,13 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
     # The packaged templates and the files the SAR one names (release/template.py), if any.
     templates = sorted(p.name for p in dist.iterdir() if p.name in ("template.yaml", "sar.yaml", "LICENSE", "README.md"))
     packages = []
-    for p in sorted(dist.glob("flightlock-*")):
+    for p in sorted(dist.glob("flightlock*")):
         m = PACKAGE_NAME.fullmatch(p.name)
         if not m:
             continue
-        if m.group("version") != version:
-            raise PackError(f"{p.name}: a client package of version {m.group('version')}, not the release's {version} "
+        found = m.group("py") or m.group("npm")
+        if found != version:
+            raise PackError(f"{p.name}: a client package of version {found}, not the release's {version} "
                             "(the clients follow the workspace version in Cargo.toml)")
         packages.append({"file": p.name, "size": p.stat().st_size, "sha256": sha256_hex(p)})
     manifest = {

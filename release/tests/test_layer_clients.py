@@ -78,11 +78,11 @@ def test_a_files_entry_that_is_not_a_file_is_refused(tmp_path):
 def test_the_client_packages_are_sealed_and_checked(tmp_path):
     dist = tmp_path / "dist"
     fake_release(dist)
-    for name in ("flightlock-0.1.0-py3-none-any.whl", "flightlock-0.1.0.tar.gz", "flightlock-0.1.0.tgz"):
+    for name in ("flightlock_client-0.1.0-py3-none-any.whl", "flightlock_client-0.1.0.tar.gz", "flightlock-0.1.0.tgz"):
         (dist / name).write_bytes(name.encode())
     m = pack.seal(dist, "0.1.0", "0" * 40)
     assert sorted(p["file"] for p in m["packages"]) == [
-        "flightlock-0.1.0-py3-none-any.whl", "flightlock-0.1.0.tar.gz", "flightlock-0.1.0.tgz"]
+        "flightlock-0.1.0.tgz", "flightlock_client-0.1.0-py3-none-any.whl", "flightlock_client-0.1.0.tar.gz"]
     sums = (dist / "SHA256SUMS").read_text()
     assert all(p["sha256"] + "  " + p["file"] in sums for p in m["packages"])
     pack.load_verified(dist)
@@ -94,6 +94,6 @@ def test_the_client_packages_are_sealed_and_checked(tmp_path):
 def test_a_client_package_of_another_version_fails_the_seal(tmp_path):
     dist = tmp_path / "dist"
     fake_release(dist)
-    (dist / "flightlock-0.2.0-py3-none-any.whl").write_bytes(b"wheel")
+    (dist / "flightlock_client-0.2.0-py3-none-any.whl").write_bytes(b"wheel")
     with pytest.raises(pack.PackError, match="version 0.2.0, not the release's 0.1.0"):
         pack.seal(dist, "0.1.0", "0" * 40)
