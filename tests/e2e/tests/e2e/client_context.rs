@@ -114,8 +114,9 @@ async fn rust_handler_behind_the_in_process_layer_reads_its_ticket() {
     handler_reads_its_ticket(Runtime::RustInProcess, "ccrustinproc").await;
 }
 
-/// Standard base64 with padding (what the SDKs send as the Invoke API's `ClientContext`).
-fn base64(bytes: &[u8]) -> String {
+/// Standard base64 with padding (what the SDKs send as the Invoke API's `ClientContext`; the
+/// readers' line format in `context_readers.rs`).
+pub(crate) fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::client_context::base64;
 use flightlock_lambda::client_context::{self, is_reserved, LockContext};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -46,28 +47,6 @@ for (const line of lines) {
   }
 }
 "#;
-
-/// Standard base64 (the readers' line format).
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 /// Runs `program args` with one base64 context a line on stdin; one JSON answer a line.
 fn read_with(program: &str, args: &[&str], texts: &[String]) -> Vec<Value> {
