@@ -303,9 +303,14 @@ pub fn bound(caller: Caller, slot: &Slot, id: &str) -> Result<(), Refusal> {
             StatusCode::FORBIDDEN,
             "notYourInvocation",
             format!(
-                "invocation {id:?} runs in another runtime process than this call comes from: a \
-                 handler takes and frees the locks of its own invocation (the request id its \
-                 context gives it), never another's"
+                "invocation {id:?} runs in another runtime process than this call comes from{}: \
+                 a handler takes and frees the locks of its own invocation (the request id its \
+                 context gives it), never another's",
+                if from.is_none() {
+                    " (the calling process is not a runtime started through /opt/flightlock-wrapper)"
+                } else {
+                    ""
+                }
             ),
         )),
     }
