@@ -79,26 +79,43 @@ async fn runtime_processes_exclude_the_same_key_and_run_other_keys_in_parallel()
     assert!(!ext.log().contains(EARLY_RELEASE), "{}", ext.log());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runtime_process_that_dies_mid_invocation_releases_its_lock_at_once() {
-    let (endpoint, table) = table("e2e_mi_crash").await;
-    let record = record_file("mi-crash");
+/// Managed Instances with keys `job-{/k}`, wait 0 and a lease far longer than a test (only the
+/// crash watch can free a key this soon: the heartbeat would keep it until the 60 s deadline),
+/// and two bash + curl runtime processes waiting for events. `name` names its table and record.
+async fn crash_watched(
+    name: &str,
+) -> (
+    String,
+    String,
+    std::path::PathBuf,
+    Platform,
+    sandbox::Extension,
+    [tokio::process::Child; 2],
+) {
+    let (endpoint, table) = table(&format!("e2e_mi_{name}")).await;
+    let record = record_file(&format!("mi-{name}"));
     let platform = Platform::start(managed_instances()).await;
-    // A lease far longer than the test: only the crash watch can free the key this soon (the
-    // heartbeat would keep it until the 60 s deadline).
     let extra = [
         ("FLIGHTLOCK_KEY", "job-{/k}"),
         ("FLIGHTLOCK_WAIT", "0"),
         ("FLIGHTLOCK_LEASE", "60s"),
     ];
     let ext = sandbox::extension(&platform, &endpoint, &table, &extra, None).await;
-    let _a = curl_runtime(&platform, ext.proxy_port, &record, "proc-a");
-    let _b = curl_runtime(&platform, ext.proxy_port, &record, "proc-b");
+    let runtimes = [
+        curl_runtime(&platform, ext.proxy_port, &record, "proc-a"),
+        curl_runtime(&platform, ext.proxy_port, &record, "proc-b"),
+    ];
     assert!(
         platform
             .wait_runtimes_waiting(2, Duration::from_secs(10))
             .await
     );
+    (endpoint, table, record, platform, ext, runtimes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_process_that_dies_mid_invocation_releases_its_lock_at_once() {
+    let (endpoint, table, record, platform, ext, _runtimes) = crash_watched("crash").await;
     platform.invoke(json!({"k": "a", "seq": 1, "sleepMs": 300, "mode": "crash"}));
     assert!(
         ext.wait_log(EARLY_RELEASE, Duration::from_secs(15)).await,
@@ -119,22 +136,7 @@ async fn a_runtime_process_that_dies_mid_invocation_releases_its_lock_at_once() 
 /// ran and the key stayed held and heartbeated until the deadline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_request_id_gets_a_crash_watch_of_its_own() {
-    let (endpoint, table) = table("e2e_mi_retry").await;
-    let record = record_file("mi-retry");
-    let platform = Platform::start(managed_instances()).await;
-    let extra = [
-        ("FLIGHTLOCK_KEY", "job-{/k}"),
-        ("FLIGHTLOCK_WAIT", "0"),
-        ("FLIGHTLOCK_LEASE", "60s"),
-    ];
-    let ext = sandbox::extension(&platform, &endpoint, &table, &extra, None).await;
-    let _a = curl_runtime(&platform, ext.proxy_port, &record, "proc-a");
-    let _b = curl_runtime(&platform, ext.proxy_port, &record, "proc-b");
-    assert!(
-        platform
-            .wait_runtimes_waiting(2, Duration::from_secs(10))
-            .await
-    );
+    let (endpoint, table, record, platform, ext, _runtimes) = crash_watched("retry").await;
     let id = platform.invoke(json!({"k": "a", "seq": 1}));
     let body = response(platform.outcome(&id, Duration::from_secs(15)).await);
     assert_eq!(body["ok"], true, "{body}");
