@@ -20,8 +20,9 @@ Subcommands (scripts/release runs them in this order):
   seal     --dist DIR --version V --commit C [--dirty]
            dist/SHA256SUMS and dist/manifest.json; fails when a zip is over its size limit, when
            a layer zip lacks a file of the layer (the extension, the wrapper, each client file)
-           or carries another, or when a client package in dist/ (the wheel and sdist of
-           clients/python, the npm tarball of clients/node) is not of version V
+           or carries another, or when a package in dist/ (the wheel and sdist of
+           clients/python, the npm tarball of clients/node, the CDK construct's npm tarball,
+           wheel and sdist) is not of version V
   verify   --dist DIR
            every file the manifest names has the manifest's size and sha256 (the publisher runs
            the same check before it sends anything)
@@ -78,13 +79,19 @@ def write_zip(out: Path, entries: list[tuple[str, Path, int]]) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-# The client packages in dist/ (scripts/release builds them): the wheel and sdist of
-# clients/python, the npm tarball of clients/node.
-# The Python client's wheel and sdist (distribution flightlock-client: PyPI's "flightlock" is an
-# unrelated project's; file names normalise it to flightlock_client) and the npm tarball (flightlock).
+# The packages in dist/ (scripts/release builds them), all of the release's version:
+#   - the Python client's wheel and sdist (distribution flightlock-client: PyPI's "flightlock" is
+#     an unrelated project's; file names normalise it to flightlock_client);
+#   - the Node client's npm tarball (flightlock);
+#   - the CDK construct's npm tarball (flightlock-cdk) and its Python wheel and sdist
+#     (flightlock_cdk), from scripts/check-cdk --pack.
+# Each version group starts with a digit and has no '-', so the Node client's
+# flightlock-<version>.tgz never takes flightlock-cdk-<version>.tgz, nor the reverse.
 PACKAGE_NAME = re.compile(
     r"(?:flightlock_client-(?P<py>[0-9][^-]*?)(?:-py3-none-any\.whl|\.tar\.gz)"
-    r"|flightlock-(?P<npm>[0-9][^-]*?)\.tgz)"
+    r"|flightlock-(?P<npm>[0-9][^-]*?)\.tgz"
+    r"|flightlock_cdk-(?P<cdk_py>[0-9][^-]*?)(?:-py3-none-any\.whl|\.tar\.gz)"
+    r"|flightlock-cdk-(?P<cdk_npm>[0-9][^-]*?)\.tgz)"
 )
 
 
@@ -195,10 +202,10 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
         m = PACKAGE_NAME.fullmatch(p.name)
         if not m:
             continue
-        found = m.group("py") or m.group("npm")
+        found = m.group("py") or m.group("npm") or m.group("cdk_py") or m.group("cdk_npm")
         if found != version:
-            raise PackError(f"{p.name}: a client package of version {found}, not the release's {version} "
-                            "(the clients follow the workspace version in Cargo.toml)")
+            raise PackError(f"{p.name}: a package of version {found}, not the release's {version} "
+                            "(the clients and the CDK construct follow the workspace version in Cargo.toml)")
         packages.append({"file": p.name, "size": p.stat().st_size, "sha256": sha256_hex(p)})
     manifest = {
         "packages": packages,

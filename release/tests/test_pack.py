@@ -86,3 +86,39 @@ def test_the_sbom_lists_what_is_compiled_into_the_extension(tmp_path):
     assert names["tokio"]["hashes"][0]["alg"] == "SHA-256" and len(names["tokio"]["hashes"][0]["content"]) == 64
     assert names["tokio"]["purl"].startswith("pkg:cargo/tokio@")
     assert str(ROOT) not in json.dumps(doc)
+
+
+def test_the_cdk_packages_are_sealed_beside_the_client_packages(tmp_path):
+    dist = tmp_path / "dist"
+    fake_release(dist)
+    # scripts/check-cdk --pack writes the first three; the Node client's tarball differs by one word.
+    cdk = ["flightlock-cdk-0.1.0.tgz", "flightlock_cdk-0.1.0-py3-none-any.whl", "flightlock_cdk-0.1.0.tar.gz"]
+    for name in [*cdk, "flightlock-0.1.0.tgz"]:
+        (dist / name).write_bytes(name.encode())
+    m = pack.seal(dist, "0.1.0", "0" * 40)
+    assert sorted(p["file"] for p in m["packages"]) == sorted([*cdk, "flightlock-0.1.0.tgz"])
+    sums = (dist / "SHA256SUMS").read_text()
+    assert all(f"{pack.sha256_hex(dist / name)}  {name}\n" in sums for name in cdk)
+    pack.load_verified(dist)
+    (dist / "flightlock_cdk-0.1.0-py3-none-any.whl").write_bytes(b"another wheel")
+    with pytest.raises(pack.PackError, match="flightlock_cdk-0.1.0-py3-none-any.whl: missing, or its sha256"):
+        pack.load_verified(dist)
+
+
+@pytest.mark.parametrize("name", ["flightlock-cdk-0.2.0.tgz", "flightlock_cdk-0.2.0-py3-none-any.whl",
+                                  "flightlock_cdk-0.2.0.tar.gz"])
+def test_a_cdk_package_of_another_version_fails_the_seal(tmp_path, name):
+    dist = tmp_path / "dist"
+    fake_release(dist)
+    (dist / name).write_bytes(b"package")
+    with pytest.raises(pack.PackError, match=rf"{name}: a package of version 0\.2\.0, not the release's 0\.1\.0"):
+        pack.seal(dist, "0.1.0", "0" * 40)
+
+
+def test_the_node_client_and_the_cdk_tarball_are_told_apart():
+    client = pack.PACKAGE_NAME.fullmatch("flightlock-0.1.0.tgz")
+    assert client is not None and client.group("npm") == "0.1.0" and client.group("cdk_npm") is None
+    construct = pack.PACKAGE_NAME.fullmatch("flightlock-cdk-0.1.0.tgz")
+    assert construct is not None and construct.group("cdk_npm") == "0.1.0" and construct.group("npm") is None
+    # jsii-pacmak's own name for the tarball is not a release name: check-cdk renames it in OUT.
+    assert pack.PACKAGE_NAME.fullmatch("flightlock-cdk@0.1.0.jsii.tgz") is None
