@@ -108,6 +108,15 @@ test('the package version is the workspace\'s (Cargo.toml), the release the cons
   assert.equal(VERSION, version, 'src/index.ts VERSION (the layer version attached by default)');
 });
 
+test('the install commands of the package README and the guide name this release', () => {
+  for (const page of ['cdk/README.md', 'docs/src/getting-started/cdk.md']) {
+    const text = read(page);
+    const named = [...text.matchAll(/(?:npm install flightlock-cdk@|pip install flightlock-cdk==)(\S+)/g)].map((m) => m[1]);
+    assert.equal(named.length, 2, `${page}: the npm and the pip install command`);
+    for (const v of named) assert.equal(v, VERSION, `${page}: an install command names ${v}, the release is ${VERSION}`);
+  }
+});
+
 test('the switch words read as off are the lock crate\'s (lock/src/options.rs)', () => {
   const m = /pub const SWITCH_OFF_WORDS: &\[&str\] = &\[([^\]]*)\];/.exec(read('lock/src/options.rs'));
   assert.ok(m, 'SWITCH_OFF_WORDS not found in lock/src/options.rs');
