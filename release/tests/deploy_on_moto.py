@@ -17,13 +17,18 @@ moto's CloudFormation (scripts/check-upgrade runs it with the SAM CLI's venv).
  5. A Deploy flip (all -> layer -> all) keeps the table, and the flip back is refused on
     <prefix>/table/stack; no second table exists.
 
-usage: deploy_on_moto.py [TEMPLATE]   (default: template.yaml)
+usage: deploy_on_moto.py [TEMPLATE] [--dist DIR]   (default: template.yaml, fake releases)
+
+With --dist, the first release is a real one: DIR is a sealed dist/ that scripts/release built
+(scripts/check-release passes the one its dry run of the release workflow built), its layer and
+cleanup zips the compiled ones; the next release is still a fake one made from the template.
 
 moto's server runs with release/tests/moto_cloudformation.py's corrections (each one a rule
 CloudFormation documents: layer ARNs, retention, replacement, ordering, SSM references).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -31,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import boto3
@@ -47,9 +53,13 @@ from with_moto import aws_environment, start_moto  # noqa: E402
 REGION = "us-east-1"
 BUCKET = "flightlock-release-deploy"
 TOOLCHAIN = ("cargo", "rustc", "zig", "make", "cargo-lambda")
-# The template the releases are made from: template.yaml, or a copy given as the only argument
-# (a deliberately broken one, to see a check fail).
-SOURCE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT / "template.yaml"
+# The template the releases are made from: template.yaml, or a copy given as the argument (a
+# deliberately broken one, to see a check fail); and a real release's dist/, if given.
+ARGS = argparse.ArgumentParser(prog="deploy_on_moto.py")
+ARGS.add_argument("template", nargs="?", type=Path, default=ROOT / "template.yaml")
+ARGS.add_argument("--dist", type=Path, help="a sealed dist/ of scripts/release, deployed as the first release")
+OPTIONS = ARGS.parse_args()
+SOURCE = OPTIONS.template.resolve()
 
 
 def check(cond: bool, what: str) -> None:
@@ -130,7 +140,14 @@ def run(scratch: Path, url: str) -> int:
     rollout.BUCKET = BUCKET
     v1, v2 = template.release_version(template.load(SOURCE)), "0.2.0"
     check(v1 != v2, f"the next release differs from template.yaml's ({v1})")
-    dists = {v1: release(scratch, v1, b""), v2: release(scratch, v2, b" next")}
+    if OPTIONS.dist:
+        real = pack.load_verified(OPTIONS.dist.resolve())
+        check(real["version"] == v1 and not real.get("dirty"),
+              f"{OPTIONS.dist} is a sealed release of {v1}, built from a commit ({real['commit'][:12]})")
+        first = OPTIONS.dist.resolve()
+    else:
+        first = release(scratch, v1, b"")
+    dists = {v1: first, v2: release(scratch, v2, b" next")}
     path = no_toolchain_path(scratch)
 
     def body(version: str, params: dict[str, str]) -> dict:
@@ -151,9 +168,13 @@ def run(scratch: Path, url: str) -> int:
         name, number = arn.split(":")[-2:]
         return lam.get_layer_version(LayerName=name, VersionNumber=int(number))["Content"]["CodeSha256"]
 
-    # 2. The release deployed from its directory with the SAM CLI alone.
+    # 2. The release deployed from its directory with the SAM CLI alone (timed: the part of a
+    # user's first deploy that runs on their machine; CloudFormation's own minutes are AWS's).
     params: dict[str, str] = {}
+    started = time.monotonic()
     out1 = rollout.outputs(rollout.deploy(cfn, "flightlock", body(v1, params), params))
+    print(f"deploy-on-moto: release {v1} packaged and deployed in {time.monotonic() - started:.1f}s "
+          f"({'the real release ' + str(first) if OPTIONS.dist else 'a fake release'})", flush=True)
     x86_1, arm_1 = out1["FlightlockLayerX86Arn"], out1["FlightlockLayerArm64Arn"]
     check(bool(rollout.ARN.match(x86_1)), f"the layer version ARN {x86_1}")
     check(layer_sha(x86_1) == manifest_sha(v1, "flightlock-layer-x86_64.zip")
