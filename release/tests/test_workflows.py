@@ -79,7 +79,9 @@ def test_the_release_workflow_builds_attaches_publishes_and_updates_the_table():
     assert re.search(r"(^|\s)scripts/test$", runs(jobs["test"]), re.M), runs(jobs["test"])
     assert re.search(r"^\s*scripts/sam publish --template ", runs(jobs["sar"]), re.M), runs(jobs["sar"])
     assert "pypa/gh-action-pypi-publish@" in " ".join(uses(jobs["pypi"]))
-    assert re.search(r"npm(@[\d.]+)? publish --provenance .*dist/flightlock-\*\.tgz", runs(jobs["npm"]))
+    npm_run = runs(jobs["npm"])
+    assert re.search(r"for tarball in \./dist/flightlock-\*\.tgz; do\n\s*npx --yes npm@[\d.]+ publish --provenance "
+                     r"--access public \"\$\{tarball\}\"", npm_run), npm_run
 
 
 def needs(job: dict) -> list[str]:
