@@ -207,6 +207,14 @@ def seal(dist: Path, version: str, commit: str, dirty: bool = False) -> dict:
             raise PackError(f"{p.name}: a package of version {found}, not the release's {version} "
                             "(the clients and the CDK construct follow the workspace version in Cargo.toml)")
         packages.append({"file": p.name, "size": p.stat().st_size, "sha256": sha256_hex(p)})
+    # Every file of dist/ is sealed: the GitHub release attaches dist/* whole, so a file the seal
+    # does not know (a package whose name the pattern above misses, such as a prerelease's npm
+    # tarball, flightlock-X.Y.Z-rc.N.tgz) would be published unchecked. It is an error instead.
+    sealed = {z.name for z in zips} | set(sboms) | set(templates) | {e["file"] for e in packages}
+    unknown = sorted(p.name for p in dist.iterdir() if p.name not in sealed | {"manifest.json", "SHA256SUMS"})
+    if unknown:
+        raise PackError(f"{dist}: {unknown} would not be sealed (not a zip, SBOM, template or package of "
+                        f"version {version} that release/pack.py knows); remove them or teach PACKAGE_NAME")
     manifest = {
         "packages": packages,
         "name": "flightlock",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import zipfile
 
@@ -122,3 +123,15 @@ def test_the_node_client_and_the_cdk_tarball_are_told_apart():
     assert construct is not None and construct.group("cdk_npm") == "0.1.0" and construct.group("npm") is None
     # jsii-pacmak's own name for the tarball is not a release name: check-cdk renames it in OUT.
     assert pack.PACKAGE_NAME.fullmatch("flightlock-cdk@0.1.0.jsii.tgz") is None
+
+
+@pytest.mark.parametrize("name", ["flightlock-0.1.0-rc.1.tgz", "flightlock-cdk@0.1.0.jsii.tgz", "notes.md"])
+def test_a_file_the_seal_does_not_know_fails_it_instead_of_going_out_unsealed(tmp_path, name):
+    """The GitHub release attaches dist/* whole: a file left out of SHA256SUMS would be published
+    unchecked (a prerelease's npm tarball, flightlock-X.Y.Z-rc.N.tgz, which PACKAGE_NAME does not
+    match, was)."""
+    dist = tmp_path / "dist"
+    fake_release(dist)
+    (dist / name).write_bytes(b"x")
+    with pytest.raises(pack.PackError, match=rf"\['{re.escape(name)}'\] would not be sealed"):
+        pack.seal(dist, "0.1.0", "0" * 40)
