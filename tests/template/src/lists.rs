@@ -384,6 +384,39 @@ fn every_snippet_says_whether_it_is_run() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// A snippet that attaches the layer pins it to a release: `{{resolve:ssm:/flightlock/layer/<arch>/latest}}`
+/// moves at every deploy of the flightlock stack (and CloudFormation does not promise to notice
+/// that it moved), so the pages show `<arch>/<version>`, or `latest:N` (SSM's own history). A
+/// lookup of `latest` outside a dynamic reference (`aws ssm get-parameter`) is not an attachment.
+#[test]
+fn attach_snippets_pin_the_layer_to_a_release() {
+    let unpinned = "/layer/x86_64/latest}}";
+    let unpinned_arm = "/layer/arm64/latest}}";
+    let mut problems = Vec::new();
+    let mut pinned = 0;
+    for file in doc_files() {
+        let name = shown(&file);
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (_, body, after) in code_blocks(&text) {
+            for line in body
+                .lines()
+                .filter(|l| l.contains("{{resolve:ssm:") && l.contains("/layer/"))
+            {
+                if line.contains(unpinned) || line.contains(unpinned_arm) {
+                    problems.push(format!(
+                        "{name}: the block ending at line {after} attaches `latest`: {}",
+                        line.trim()
+                    ));
+                } else {
+                    pinned += 1;
+                }
+            }
+        }
+    }
+    assert!(pinned >= 3, "only {pinned} pinned attachments found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// Every `!ImportValue X` in a YAML value, and every `Variables` mapping.
 fn walk<'a>(v: &'a Value, imports: &mut Vec<String>, variables: &mut Vec<&'a Value>) {
     match v {
