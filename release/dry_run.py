@@ -26,8 +26,8 @@ What is not GitHub or AWS is replaced, and only that:
   - `gh` (GitHub's CLI) is release/dry-run-bin/gh: it checks each call (the tag exists in the
     checkout's origin, the notes are not empty, the files exist, the pull request's branch was
     pushed) and keeps the release's files in the work directory.
-  - three publishing commands are rewritten into their dry forms, each rewrite required to apply
-    (so the workflow cannot drop one without this run failing):
+  - three publishing steps run in their dry forms, each required to occur (so the workflow cannot
+    drop or rename one without this run failing):
       `npm publish --provenance` -> `npm publish --dry-run` (npm packs and checks the tarball);
       `scripts/sam publish --template T` -> `dry_run.py sar-publish --template T`: the metadata
       parsed by serverlessrepo, the library `sam publish` calls, and every S3 location the
@@ -106,7 +106,7 @@ def operand(text: str, contexts: dict[str, Any]) -> Any:
 
 def evaluate(expr: str, contexts: dict[str, Any]) -> Any:
     """The expressions the workflow uses: a path, a 'literal', `a || b`, `a == b`, `a != b`."""
-    for alt in [a for a in re.split(r"\s*\|\|\s*", expr.strip())]:
+    for alt in re.split(r"\s*\|\|\s*", expr.strip()):
         if m := re.fullmatch(r"(.+?)\s*(==|!=)\s*(.+)", alt):
             left, right = operand(m.group(1), contexts), operand(m.group(3), contexts)
             value: Any = (left == right) == (m.group(2) == "==")
@@ -253,6 +253,7 @@ class Run:
         self.artifacts = work / "artifacts"
         self.github = work / "github"
         self.times: list[tuple[str, float]] = []
+        self.pypi_checked = False  # the PyPI action's stand-in ran
 
     def base_env(self, job: str, home: Path) -> dict[str, str]:
         """This machine's environment (its certificates, registries and toolchains) without what
@@ -302,8 +303,10 @@ class Run:
                 continue
             self.job(name, jobs[name])
         unused = [r.what for r in self.rewrites if not r.applied]
+        if not self.pypi_checked:
+            unused.append("pypa/gh-action-pypi-publish")
         if unused:
-            raise DryRunError(f"the workflow no longer runs {unused}: its dry form (release/dry_run.py rewrites) "
+            raise DryRunError(f"the workflow no longer runs {unused}: its dry forms (release/dry_run.py) "
                               "must follow what the workflow publishes with")
         self.verify()
         log("every job ran; step times:")
@@ -417,6 +420,7 @@ class Run:
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise DryRunError(f"job {job}: twine check refused the packages:\n{r.stdout}{r.stderr}")
+            self.pypi_checked = True
             log(f"  twine check --strict passed: {', '.join(f.name for f in files)} (not uploaded)")
         else:
             raise DryRunError(f"job {job}: uses {action}, which this run has no stand-in for")
